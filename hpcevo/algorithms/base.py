@@ -1,0 +1,80 @@
+"""The algorithm protocol every hpcevo algorithm follows.
+
+An algorithm is a frozen dataclass of static hyper-parameters (hashable, so it can be a static
+argument of ``jax.jit``) with pure functions over a pytree state:
+
+    state = algo.init(key)
+    candidates, state = algo.ask(state)        # (algo.num_ask, dim)
+    state = algo.tell(state, fitness)          # fitness: (algo.num_ask,), minimised
+
+Some algorithms evaluate a differently sized batch on their first generation (CSO evaluates the
+whole swarm once, then only the losers); they override ``init_ask``/``init_tell`` and
+``num_init``. No MPI, no I/O, no host callbacks: the same code runs in a notebook and replicated
+on every MPI rank, where identical inputs give bitwise identical states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+State = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """Base for algorithms: ``pop_size``, the search box, and the default first generation."""
+
+    pop_size: int
+    dim: int
+    lb: tuple[float, ...]
+    ub: tuple[float, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.pop_size < 1:
+            raise ValueError(f"pop_size must be >= 1, got {self.pop_size}")
+        if len(self.lb) != self.dim or len(self.ub) != self.dim:
+            raise ValueError("lb and ub must have one entry per dimension")
+
+    # -- hyper-parameters that a config may set: the dataclass fields past the base ones --------
+    @classmethod
+    def hyper_parameters(cls) -> dict[str, dataclasses.Field]:
+        base = {f.name for f in dataclasses.fields(Algorithm)}
+        return {f.name: f for f in dataclasses.fields(cls) if f.name not in base}
+
+    # -- sizes of the batches handed to the evaluator ------------------------------------------
+    @property
+    def num_init(self) -> int:
+        return self.num_ask
+
+    @property
+    def num_ask(self) -> int:
+        return self.pop_size
+
+    # -- protocol ------------------------------------------------------------------------------
+    def init(self, key: jax.Array) -> State:
+        raise NotImplementedError
+
+    def ask(self, state: State) -> tuple[jax.Array, State]:
+        raise NotImplementedError
+
+    def tell(self, state: State, fitness: jax.Array) -> State:
+        raise NotImplementedError
+
+    def init_ask(self, state: State) -> tuple[jax.Array, State]:
+        return self.ask(state)
+
+    def init_tell(self, state: State, fitness: jax.Array) -> State:
+        return self.tell(state, fitness)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def bounds(self) -> tuple[jax.Array, jax.Array]:
+        return jnp.asarray(self.lb, self.dtype), jnp.asarray(self.ub, self.dtype)
+
+    def uniform_in_bounds(self, key: jax.Array, n: int) -> jax.Array:
+        lb, ub = self.bounds()
+        return lb + (ub - lb) * jax.random.uniform(key, (n, self.dim), self.dtype)

@@ -1,0 +1,239 @@
+"""Run configuration: TOML in, a typed and validated ``RunConfig`` out.
+
+Every problem with the input becomes one ``ConfigError`` whose text names the file, the key,
+what was given and what is allowed. Identical inputs give identical errors on every rank, which
+is what lets the CLI report once and exit 2 everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .errors import ConfigError
+
+
+class _Section(BaseModel):
+    # strict: TOML is typed, so "100" for an int is a mistake to report, not to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RunSection(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
+    seed: int = Field(0, ge=0, lt=2**32)
+    generations: int = Field(ge=1)
+    out: str | None = None  # default: runs/<name>, relative to the working directory
+    dtype: Literal["float32", "float64"] = "float32"
+
+
+class AlgorithmSection(_Section):
+    # The algorithm's own hyper-parameters ride along as extras and are checked against the
+    # algorithm's dataclass, the single home of their defaults.
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    name: str
+    pop_size: int = Field(ge=1)
+
+
+class ProblemSection(_Section):
+    name: str
+    dim: int = Field(ge=1)
+    lb: float | list[float] | None = None
+    ub: float | list[float] | None = None
+
+
+class LogSection(_Section):
+    every: int = Field(100, ge=1)
+    progress: Literal["auto", "bar", "lines"] = "auto"
+
+
+class ParallelSection(_Section):
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    # XLA CPU splits large reductions over its threads, so the thread count changes the last
+    # bits of a result. A fixed default keeps runs bitwise equal at any rank count; "auto" (a
+    # fair share of the node's cores) is faster on few ranks but only reproducible at the same
+    # rank count.
+    threads_per_rank: int | Literal["auto"] = 1
+    # Rows per evaluation micro-batch; depends on the population size only, never on the rank
+    # count (that is what keeps evaluation bitwise identical across rank counts). 0 = automatic.
+    microbatch: int = Field(0, ge=0)
+
+
+class RunConfig(_Section):
+    run: RunSection
+    algorithm: AlgorithmSection
+    problem: ProblemSection
+    log: LogSection = LogSection()
+    parallel: ParallelSection = ParallelSection()
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.run.out) if self.run.out else Path("runs") / self.run.name
+
+    @property
+    def algorithm_params(self) -> dict[str, Any]:
+        return dict(self.algorithm.model_extra or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config: every default filled in, algorithm defaults included."""
+        from .algorithms import ALGORITHMS
+
+        d = self.model_dump(exclude_none=True)
+        algo_cls = ALGORITHMS[self.algorithm.name]
+        for name, f in algo_cls.hyper_parameters().items():
+            d["algorithm"].setdefault(name, f.default)
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` with the value typed as TOML; a bare word is taken as a string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. --set run.generations=500")
+    path, raw = text.split("=", 1)
+    keys = path.strip().split(".")
+    if not all(k.strip() for k in keys):
+        raise ConfigError(f"--set {text!r}: empty key in {path!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return [k.strip() for k in keys], value
+
+
+def _apply_override(data: dict, keys: list[str], value: Any, text: str) -> None:
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {text!r}: '{'.'.join(keys[: i + 1])}' is a value, not a table")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def _nearest(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _format_validation(err: ValidationError, model: type[BaseModel], where: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        # Union members show up as extra loc parts ("float", "list[float]"); they are noise.
+        loc = [p for p in loc if p not in ("float", "list[float]", "int", "str", "none", "nullable[float]")]
+        key = ".".join(loc)
+        if e["type"] == "extra_forbidden":
+            parent: Any = model
+            for part in loc[:-1]:
+                fld = parent.model_fields.get(part) if hasattr(parent, "model_fields") else None
+                parent = fld.annotation if fld is not None else None
+            valid = list(parent.model_fields) if parent is not None and hasattr(parent, "model_fields") else []
+            what = "section" if len(loc) == 1 else "key"
+            lines.append(f"unknown {what} '{key}'{_nearest(loc[-1], valid)} (valid: {', '.join(valid)})")
+        elif e["type"] == "missing":
+            lines.append(f"missing required key '{key}'")
+        else:
+            lines.append(f"'{key}': {e['msg'].lower()}; got {e['input']!r}")
+    return f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+
+
+def _check_algorithm(cfg: RunConfig, where: str) -> None:
+    from .algorithms import ALGORITHMS
+
+    name = cfg.algorithm.name
+    if name not in ALGORITHMS:
+        raise ConfigError(
+            f"{where}: 'algorithm.name': unknown algorithm {name!r}{_nearest(name, ALGORITHMS)} "
+            f"(available: {', '.join(sorted(ALGORITHMS))})"
+        )
+    cls = ALGORITHMS[name]
+    fields = cls.hyper_parameters()
+    for key, value in cfg.algorithm_params.items():
+        if key not in fields:
+            valid = ["name", "pop_size", *fields]
+            raise ConfigError(
+                f"{where}: unknown key 'algorithm.{key}' for {name}{_nearest(key, valid)} "
+                f"(valid: {', '.join(valid)})"
+            )
+        try:
+            TypeAdapter(_field_type(cls, fields[key]), config=ConfigDict(strict=True)).validate_python(value)
+        except ValidationError as e:
+            raise ConfigError(
+                f"{where}: 'algorithm.{key}': {e.errors()[0]['msg'].lower()}; got {value!r}"
+            ) from None
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> Any:
+    return typing.get_type_hints(cls)[f.name]
+
+
+def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
+    """The algorithm instance the config describes, with its own checks turned into ConfigError."""
+    from .algorithms import ALGORITHMS
+
+    cls = ALGORITHMS[cfg.algorithm.name]
+    try:
+        return cls(
+            pop_size=cfg.algorithm.pop_size,
+            dim=problem.dim,
+            lb=problem.lb,
+            ub=problem.ub,
+            dtype=cfg.run.dtype,
+            **cfg.algorithm_params,
+        )
+    except ValueError as e:
+        raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}") from None
+
+
+def build_problem(cfg: RunConfig, where: str = "config"):
+    from .problems import make_problem
+
+    p = cfg.problem
+    try:
+        return make_problem(p.name, p.dim, p.lb, p.ub)
+    except ValueError as e:
+        raise ConfigError(f"{where}: [problem]: {e}") from None
+
+
+def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Read, override, validate. Raises ConfigError with a message fit for the user."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' not found") from None
+    except OSError as e:
+        raise ConfigError(f"config file '{path}' cannot be read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not valid TOML: {e}") from None
+    return config_from_dict(data, where, overrides)
+
+
+def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequence[str] = ()) -> RunConfig:
+    if overrides:
+        where = f"{where} (with --set {' '.join(overrides)})"
+    for text in overrides:
+        keys, value = parse_override(text)
+        _apply_override(data, keys, value, text)
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, RunConfig, where)) from None
+    _check_algorithm(cfg, where)
+    build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
+    return cfg
+
+
+def dump_config(cfg: RunConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(cfg.to_dict())

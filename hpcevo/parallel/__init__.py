@@ -1,0 +1,19 @@
+"""The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
+
+from .context import ParallelContext, bind, discover
+from .control import agree_on_error, barrier, bcast_from_root, check_replicas, gather_to_root
+from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
+
+__all__ = [
+    "ParallelContext",
+    "agree_on_error",
+    "barrier",
+    "bcast_from_root",
+    "bind",
+    "check_replicas",
+    "discover",
+    "gather_to_root",
+    "ShardedEvaluator",
+    "microbatch_rows",
+    "shard_of",
+]

@@ -1,0 +1,70 @@
+"""Host-side collectives on the control communicator: agreement, replica checks, metadata.
+
+Each function is collective: every rank must call it, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import DivergenceError
+from .context import ParallelContext
+
+
+def agree_on_error(ctx: ParallelContext, error: BaseException | None) -> BaseException | None:
+    """Share each rank's outcome of a step; return the first rank's error, on every rank.
+
+    Used after work that could fail on some ranks only (a file missing on one node), so that
+    every rank takes the same exit instead of some entering a collective the others never reach.
+    """
+    if ctx.size == 1:
+        return error
+    report = None if error is None else (type(error).__name__, str(error))
+    reports = ctx.comm_ctl.allgather(report)
+    for r, rep in enumerate(reports):
+        if rep is not None:
+            if error is not None and r == ctx.rank:
+                return error
+            return _rebuild(rep, r, ctx.rank)
+    return None
+
+
+def _rebuild(report: tuple[str, str], origin: int, me: int) -> BaseException:
+    from .. import errors
+
+    cls = getattr(errors, report[0], None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        cls = RuntimeError
+    message = report[1] if origin == me else f"{report[1]} (reported by rank {origin})"
+    return cls(message)
+
+
+def check_replicas(ctx: ParallelContext, fingerprint: np.ndarray, generation: int) -> None:
+    """Raise DivergenceError on every rank if the replicated state differs between ranks."""
+    if ctx.size == 1:
+        return
+    mine = np.ascontiguousarray(fingerprint, dtype=np.uint32)
+    everyone = np.empty((ctx.size, mine.size), np.uint32)
+    ctx.comm_ctl.Allgather(mine, everyone)
+    differs = [r for r in range(ctx.size) if not np.array_equal(everyone[r], everyone[0])]
+    if differs:
+        raise DivergenceError(
+            f"replicated algorithm state diverged at generation {generation}: ranks "
+            f"{', '.join(map(str, differs))} differ from rank 0. The run cannot be trusted; "
+            "this is a bug in a non-deterministic problem or algorithm, please report it."
+        )
+
+
+def gather_to_root(ctx: ParallelContext, obj: Any) -> list[Any] | None:
+    return ctx.comm_ctl.gather(obj, root=0) if ctx.size > 1 else [obj]
+
+
+def bcast_from_root(ctx: ParallelContext, obj: Any) -> Any:
+    return ctx.comm_ctl.bcast(obj, root=0) if ctx.size > 1 else obj
+
+
+def barrier(ctx: ParallelContext) -> None:
+    if ctx.size > 1:
+        ctx.comm_ctl.Barrier()

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Build hpcevo's environment in .venv/ against the system's MPI and parallel HDF5.
+#
+# Idempotent: a stamp records what the environment was built from; when nothing changed and
+# the stack imports, this returns in about a second.
+#
+# Knobs (environment variables; see README "Installing on a cluster"):
+#   MPICC                 MPI compiler wrapper to build mpi4py, h5py and mpi4jax with (default mpicc)
+#   HDF5_DIR              prefix of a parallel HDF5 installation (h5py's own variable), or
+#   HDF5_PKGCONFIG_NAME   its pkg-config name (default: the first of hdf5-mpich, hdf5-openmpi,
+#                         hdf5 that pkg-config knows)
+#   HPCEVO_PYTHON         interpreter for the venv (default python3; needs 3.11+)
+#   HPCEVO_VENV           where the venv goes (default <repo>/.venv)
+#   HPCEVO_GPU            off (default) | cuda: build mpi4jax's CUDA bridge (needs CUDA_PATH)
+#   HPCEVO_NO_APT=1       never call apt-get, even as root
+#   HPCEVO_REBUILD=1      rebuild the MPI-linked packages from source, bypassing pip's cache
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${HPCEVO_VENV:-$ROOT/.venv}
+PY=${HPCEVO_PYTHON:-python3}
+MPICC=${MPICC:-mpicc}
+GPU=${HPCEVO_GPU:-off}
+STACK=$ROOT/requirements/stack.txt
+
+say() { echo "[setup] $*" >&2; }
+die() { echo "[setup] error: $*" >&2; exit 1; }
+
+case "$GPU" in off|cuda) ;; *) die "HPCEVO_GPU='$GPU': allowed values are off, cuda" ;; esac
+
+hdf5_choice() {
+  if [ -n "${HDF5_DIR:-}" ]; then echo "dir:$HDF5_DIR"; return; fi
+  if [ -n "${HDF5_PKGCONFIG_NAME:-}" ]; then echo "pc:$HDF5_PKGCONFIG_NAME"; return; fi
+  command -v pkg-config >/dev/null 2>&1 || return 0
+  for name in hdf5-mpich hdf5-openmpi hdf5; do
+    if pkg-config --exists "$name" 2>/dev/null; then echo "pc:$name"; return; fi
+  done
+}
+
+system_ready() {
+  command -v "$MPICC" >/dev/null 2>&1 || return 1
+  local h; h=$(hdf5_choice)
+  [ -n "$h" ] || return 1
+  if [ "${h%%:*}" = dir ]; then [ -d "${h#dir:}" ] || return 1; fi
+  return 0
+}
+
+# 1. System MPI and parallel HDF5 -------------------------------------------------------------
+if ! system_ready; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${HPCEVO_NO_APT:-}" ]; then
+    say "installing MPICH and parallel HDF5 with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq mpich libmpich-dev libhdf5-mpich-dev pkg-config >/dev/null
+  fi
+  system_ready || die "no usable MPI + parallel HDF5. Need the MPI compiler wrapper '$MPICC' on PATH
+  (set MPICC=/path/to/mpicc) and a parallel HDF5 (set HDF5_DIR=<prefix> or
+  HDF5_PKGCONFIG_NAME=<name>). On a cluster: 'module load' your MPI and parallel HDF5 first."
+fi
+MPICC_PATH=$(command -v "$MPICC")
+HDF5=$(hdf5_choice)
+
+# 2. Fast path -----------------------------------------------------------------------------------
+# The stamp covers everything that decides what gets built: the pins, this script, the project
+# metadata, which MPI (its wrapper and the compile line it expands to), which HDF5, GPU or not.
+fingerprint() {
+  {
+    cat "$STACK" "$ROOT/scripts/setup.sh" "$ROOT/pyproject.toml"
+    echo "$MPICC_PATH"; "$MPICC" -show 2>/dev/null || "$MPICC" --showme 2>/dev/null || true
+    echo "$HDF5 $GPU"
+    "$PY" -c 'import sys; print(sys.version)' 2>/dev/null || true
+  } | sha256sum | cut -d' ' -f1
+}
+FP=$(fingerprint)
+STAMP=$VENV/.hpcevo-setup
+if [ -z "${HPCEVO_REBUILD:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$FP" ] \
+   && "$VENV/bin/python" -c 'import hpcevo, mpi4jax, h5py' 2>/dev/null; then
+  say "environment up to date ($VENV)"
+  exit 0
+fi
+
+# 3. The venv and the stack --------------------------------------------------------------------
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "$PY is $("$PY" -V 2>&1); hpcevo needs Python 3.11 or newer (set HPCEVO_PYTHON)"
+[ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
+rm -f "$STAMP"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+SRC_FLAGS=()
+[ -n "${HPCEVO_REBUILD:-}" ] && SRC_FLAGS=(--no-cache-dir --force-reinstall --no-deps)
+
+say "installing jax, numpy and build tools"
+"${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w \
+  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout
+
+say "building mpi4py against $MPICC_PATH"
+env CC="$MPICC" MPICC="$MPICC" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \
+  --no-binary=mpi4py mpi4py
+
+say "building h5py with MPI against HDF5 ($HDF5)"
+h5env=(CC="$MPICC" HDF5_MPI=ON)
+case "$HDF5" in
+  dir:*) h5env+=(HDF5_DIR="${HDF5#dir:}") ;;
+  pc:*) h5env+=(HDF5_PKGCONFIG_NAME="${HDF5#pc:}") ;;
+esac
+env "${h5env[@]}" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \
+  --no-build-isolation --no-binary=h5py h5py
+
+say "building mpi4jax (GPU bridge: $GPU)"
+if [ "$GPU" = off ]; then
+  # mpi4jax builds its CUDA bridge whenever it can find nvcc, CUDA_PATH/CUDA_ROOT/CUDA_HOME
+  # or /usr/local/cuda; a stray nvcc without a toolkit makes that build fail. Hide them all.
+  clean_path=$(echo "$PATH" | tr ':' '\n' | while read -r d; do
+    [ -n "$d" ] && [ ! -e "$d/nvcc" ] && echo "$d"; done | paste -sd: -)
+  env -u CUDA_PATH -u CUDA_ROOT -u CUDA_HOME PATH="$clean_path" MPI4JAX_BUILD_MPICC="$MPICC_PATH" \
+    "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" --no-build-isolation mpi4jax
+else
+  [ -n "${CUDA_PATH:-}" ] && [ -f "$CUDA_PATH/include/cuda_runtime.h" ] \
+    || die "HPCEVO_GPU=cuda needs CUDA_PATH pointing at a CUDA toolkit (with include/cuda_runtime.h)"
+  env MPI4JAX_BUILD_MPICC="$MPICC_PATH" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \
+    --no-build-isolation mpi4jax
+fi
+
+say "installing hpcevo (editable)"
+"${PIP[@]}" install -c "$STACK" --no-build-isolation -e "$ROOT"
+
+# 4. Verify the pieces agree on one MPI --------------------------------------------------------
+"$VENV/bin/python" - "$MPICC_PATH" <<'PY' || die "the built stack does not check out (see above); HPCEVO_REBUILD=1 rebuilds from source"
+import sys
+import h5py, mpi4py, mpi4jax, jax
+from mpi4py import MPI
+problems = []
+if not h5py.get_config().mpi:
+    problems.append("h5py was built without MPI")
+lib = MPI.Get_library_version().splitlines()[0]
+print(f"[setup] MPI: {lib}", file=sys.stderr)
+print(f"[setup] jax {jax.__version__}, mpi4jax {mpi4jax.__version__}, mpi4py {mpi4py.__version__}, "
+      f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}, mpi={h5py.get_config().mpi})",
+      file=sys.stderr)
+for p in problems:
+    print(f"[setup] error: {p}", file=sys.stderr)
+sys.exit(1 if problems else 0)
+PY
+echo "$FP" > "$STAMP"
+say "environment ready ($VENV)"
