@@ -121,7 +121,7 @@ def _nearest(word: str, choices: typing.Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _format_validation(err: ValidationError, model: type[BaseModel], where: str) -> str:
+def _format_validation(err: ValidationError, model: type[BaseModel], where: str, data: dict) -> str:
     lines = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
@@ -137,7 +137,16 @@ def _format_validation(err: ValidationError, model: type[BaseModel], where: str)
             what = "section" if len(loc) == 1 else "key"
             lines.append(f"unknown {what} '{key}'{_nearest(loc[-1], valid)} (valid: {', '.join(valid)})")
         elif e["type"] == "missing":
-            lines.append(f"missing required key '{key}'")
+            parent_data: Any = data
+            for part in loc[:-1]:
+                parent_data = parent_data.get(part, {}) if isinstance(parent_data, dict) else {}
+            given = list(parent_data) if isinstance(parent_data, dict) else []
+            close = difflib.get_close_matches(loc[-1], given, n=1, cutoff=0.5)
+            if close:  # most often a typo in the key's name, not a forgotten key
+                prefix = ".".join(loc[:-1] + [close[0]])
+                lines.append(f"unknown key '{prefix}'; did you mean '{loc[-1]}'? (required key '{key}' is missing)")
+            else:
+                lines.append(f"missing required key '{key}'")
         else:
             lines.append(f"'{key}': {e['msg'].lower()}; got {e['input']!r}")
     return f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
@@ -227,7 +236,7 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation(e, RunConfig, where)) from None
+        raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
     _check_algorithm(cfg, where)
     build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
     return cfg

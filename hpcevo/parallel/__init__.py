@@ -1,6 +1,6 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
 
-from .context import ParallelContext, bind, discover
+from .context import ParallelContext, bind, context_for, discover
 from .control import agree_on_error, barrier, bcast_from_root, check_replicas, gather_to_root
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 
@@ -11,6 +11,7 @@ __all__ = [
     "bcast_from_root",
     "bind",
     "check_replicas",
+    "context_for",
     "discover",
     "gather_to_root",
     "ShardedEvaluator",

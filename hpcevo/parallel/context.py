@@ -60,30 +60,40 @@ _CONTEXT: ParallelContext | None = None
 def discover() -> ParallelContext:
     """Initialise MPI (a singleton job without a launcher) and describe this rank. Idempotent."""
     global _CONTEXT
-    if _CONTEXT is not None:
-        return _CONTEXT
+    if _CONTEXT is None:
+        from mpi4py import MPI
+
+        _CONTEXT = context_for(MPI.COMM_WORLD)
+    return _CONTEXT
+
+
+def context_for(comm: Any) -> ParallelContext:
+    """A context over any communicator (collective on it); e.g. COMM_SELF for a one-rank run
+    inside a larger job. Clones the communicator twice: mpi4jax and mpi4py traffic never mix."""
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    shared = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     local_rank, local_size, source = shared.rank, shared.size, "MPI_COMM_TYPE_SHARED"
     shared.Free()
-    for var in LOCAL_RANK_VARS:
-        value = os.environ.get(var, "")
-        if value.isdigit() and int(value) < local_size and world.size > 1:
-            local_rank, source = int(value), var
-            break
-    _CONTEXT = ParallelContext(
-        rank=world.rank,
-        size=world.size,
+    if comm.size == MPI.COMM_WORLD.size and comm.size > 1:
+        for var in LOCAL_RANK_VARS:
+            value = os.environ.get(var, "")
+            if value.isdigit() and int(value) < local_size:
+                local_rank, source = int(value), var
+                break
+    ctx = ParallelContext(
+        rank=comm.rank,
+        size=comm.size,
         local_rank=local_rank,
         local_size=local_size,
         host=MPI.Get_processor_name(),
         local_rank_source=source,
-        comm_jax=world.Clone(),
-        comm_ctl=world.Clone(),
+        comm_jax=comm.Clone(),
+        comm_ctl=comm.Clone(),
     )
-    return _CONTEXT
+    if _CONTEXT is not None:  # binding is per process: a later context inherits it
+        ctx.device_kind, ctx.device = _CONTEXT.device_kind, _CONTEXT.device
+    return ctx
 
 
 def _cuda_plugin_installed() -> bool:

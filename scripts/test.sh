@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run the whole test suite through CTest at 1, 2, 3 and 4 ranks.
+# Extra arguments go to ctest, e.g.  scripts/test.sh -L np3   or   scripts/test.sh -R launcher
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/scripts/setup.sh"
+VENV=${HPCEVO_VENV:-$ROOT/.venv}
+BIN=""
+if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; then
+  # No system CMake (common without root): the PyPI wheel brings cmake and ctest into the venv.
+  [ -x "$VENV/bin/ctest" ] || "$VENV/bin/python" -m pip install -q --disable-pip-version-check "cmake>=3.20"
+  BIN="$VENV/bin/"
+fi
+"${BIN}cmake" -S "$ROOT" -B "$ROOT/build" -DPython_EXECUTABLE="$VENV/bin/python" -DMPIEXEC_MAX_NUMPROCS=4 >/dev/null
+cd "$ROOT/build"
+exec "${BIN}ctest" --output-on-failure "$@"

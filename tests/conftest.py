@@ -1,0 +1,59 @@
+"""MPI-aware test harness.
+
+Every test here passes at any rank count. Run the suite as
+    mpiexec -n N python -m mpi4py -m pytest -m "not launcher"
+(`-m mpi4py` turns an error exit on one rank into MPI_Abort of the job: no hang), and the tests
+that start their own mpiexec jobs without a launcher: python -m pytest -m launcher.
+CTest does both (see CMakeLists.txt).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hpcevo.parallel import bind, discover
+
+# Bind before any test touches JAX: one XLA thread per rank, as runs do by default.
+CTX = bind(discover(), device="cpu", threads=1)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
+    if CTX.size > 1:
+        # Ranks must not share pytest's numbered temp directories.
+        config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
+        if CTX.rank > 0:
+            config.option.verbose = -1
+
+
+def pytest_collection_modifyitems(config, items):
+    if CTX.size > 1:
+        # Launching mpiexec from inside an MPI rank is not portable; these run in the
+        # launcher-free pass (CTest's pytest_launcher).
+        keep = [i for i in items if "launcher" not in i.keywords]
+        dropped = [i for i in items if "launcher" in i.keywords]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def ctx():
+    return CTX
+
+
+@pytest.fixture
+def shared_tmp(ctx):
+    """One temporary directory that every rank sees (rank 0 creates it)."""
+    path = tempfile.mkdtemp(prefix="hpcevo-test-") if ctx.rank == 0 else None
+    path = ctx.comm_ctl.bcast(path, root=0)
+    yield Path(path)
+    ctx.comm_ctl.Barrier()
+    if ctx.rank == 0:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)

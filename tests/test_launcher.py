@@ -1,0 +1,115 @@
+"""Real jobs started with mpiexec (or no launcher at all): what a user types, end to end.
+
+Marked `launcher`: run these from a plain `python -m pytest -m launcher`, not under mpiexec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.launcher
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "cso.toml"
+MPIEXEC = os.environ.get("MPIEXEC", shutil.which("mpiexec") or "mpiexec")
+
+
+def clean_env() -> dict[str, str]:
+    # A nested launch must not inherit an outer job's PMI wiring.
+    drop = ("PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "OMPI_", "SLURM_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def hpcevo(n: int | None, *args: str, timeout: float = 300, cwd: Path | None = None):
+    cmd = [sys.executable, "-m", "hpcevo", *args]
+    if n is not None:
+        cmd = [MPIEXEC, "-n", str(n), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=cwd)
+
+
+def test_same_digest_at_1_2_3_4_ranks(tmp_path):
+    summaries = {}
+    for n in (None, 2, 3, 4):  # None: one rank, no launcher at all
+        out = tmp_path / f"n{n}"
+        r = hpcevo(n, "run", str(EXAMPLE), "--set", "run.generations=50", "--set", "log.every=20",
+                   "--set", f"run.out={out}")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("done: best fitness") == 1  # rank 0 alone speaks
+        summaries[n] = json.loads((out / "summary.json").read_text())
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["generation"] for x in lines] == [20, 40, 50]
+        assert (out / "config.toml").exists()
+    ref = summaries[None]
+    assert ref["ranks"] == 1 and summaries[3]["ranks"] == 3
+    assert ref["evaluations"] == 1024 + 49 * 512
+    for n, s in summaries.items():
+        assert s["state_digest"] == ref["state_digest"], f"{n} ranks"
+        assert s["best_fitness"] == ref["best_fitness"] and s["best_solution"] == ref["best_solution"]
+    assert set(ref["versions"]) >= {"hpcevo", "jax", "mpi4jax", "mpi4py", "h5py", "mpi"}
+
+
+def test_typo_in_key_exits_2_on_every_rank_with_one_message(tmp_path):
+    bad = tmp_path / "typo.toml"
+    bad.write_text(EXAMPLE.read_text().replace("pop_size", "pop_sise"))
+    r = hpcevo(3, "run", str(bad), timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.count("hpcevo: error:") == 1
+    assert "algorithm.pop_sise" in r.stderr and "did you mean 'pop_size'" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    args = ("run", str(EXAMPLE), "--set", "run.generations=3", "--set", f"run.out={out}", "-q")
+    assert hpcevo(2, *args).returncode == 0
+    before = (out / "summary.json").read_bytes()
+    r = hpcevo(2, *args)
+    assert r.returncode == 2 and "already holds a run" in r.stderr and "--overwrite" in r.stderr
+    assert (out / "summary.json").read_bytes() == before
+    assert hpcevo(2, *args, "--overwrite").returncode == 0
+
+
+def test_exception_on_one_rank_ends_the_job_quickly(tmp_path):
+    """Rank 1 raises mid-run while rank 0 waits in a collective: MPI_Abort, not a hang."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import sys\n"
+        "from mpi4py import MPI\n"
+        "import hpcevo.workflow as wf\n"
+        "orig = wf.Workflow.advance\n"
+        "def advance(self, state, n):\n"
+        "    if MPI.COMM_WORLD.rank == 1 and int(state.generation) >= 5:\n"
+        "        raise RuntimeError('injected failure on rank 1')\n"
+        "    return orig(self, state, n)\n"
+        "wf.Workflow.advance = advance\n"
+        "from hpcevo.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [MPIEXEC, "-n", "3", sys.executable, str(script), "run", str(EXAMPLE), "--set", "run.generations=100000",
+         "--set", "log.every=5", "--set", f"run.out={tmp_path / 'out'}", "-q"],
+        capture_output=True, text=True, timeout=120, env=clean_env(),
+    )
+    elapsed = time.monotonic() - t0
+    assert r.returncode != 0
+    assert "[rank 1] Traceback" in r.stderr and "[rank 1] RuntimeError: injected failure on rank 1" in r.stderr
+    assert elapsed < 100  # the run was asked for 100000 generations: it did not go on, nor hang
+
+
+def test_info_describes_every_rank():
+    r = hpcevo(2, "info", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "MPICH" in r.stdout or "Open MPI" in r.stdout
+    assert "ranks         2 on 1 host(s)" in r.stdout
+    assert "h5py MPI      yes" in r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if "cpu, 1 threads" in ln]
+    assert len(rows) == 2
