@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .parallel import ParallelContext, gather_to_root
+from .parallel import ParallelContext, gather_to_root, mpi_library
 
 
 def describe(ctx: ParallelContext) -> dict[str, Any] | None:
     """Collective. Returns the description on rank 0, None elsewhere."""
     import h5py
     import jax
-    from mpi4py import MPI
 
     from .runner import versions
 
@@ -30,8 +29,8 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
     if not ctx.is_root:
         return None
     return {
-        "mpi_library": MPI.Get_library_version().strip(),
-        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
+        "mpi_library": mpi_library()[0],
+        "mpi_standard": mpi_library()[1],
         "size": ctx.size,
         "hosts": sorted({r["host"] for r in ranks}),
         "jax_backend": jax.default_backend(),

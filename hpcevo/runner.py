@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from . import __version__
 from .config import RunConfig, build_algorithm, build_problem, dump_config
 from .errors import UsageError
-from .parallel import ParallelContext, agree_on_error, check_replicas
+from .parallel import ParallelContext, agree_on_error, check_replicas, mpi_library
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
 
@@ -29,7 +29,6 @@ def versions() -> dict[str, str]:
     import jaxlib
     import mpi4jax
     import mpi4py
-    from mpi4py import MPI
 
     return {
         "hpcevo": __version__,
@@ -40,7 +39,7 @@ def versions() -> dict[str, str]:
         "mpi4py": mpi4py.__version__,
         "h5py": h5py.__version__,
         "hdf5": h5py.version.hdf5_version,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi": mpi_library()[0],
     }
 
 

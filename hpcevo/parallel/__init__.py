@@ -1,6 +1,6 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
 
-from .context import ParallelContext, bind, context_for, discover
+from .context import ParallelContext, bind, context_for, discover, mpi_library
 from .control import agree_on_error, barrier, bcast_from_root, check_replicas, gather_to_root
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 
@@ -14,6 +14,7 @@ __all__ = [
     "context_for",
     "discover",
     "gather_to_root",
+    "mpi_library",
     "ShardedEvaluator",
     "microbatch_rows",
     "shard_of",

@@ -153,3 +153,10 @@ def bind(ctx: ParallelContext, device: str = "auto", threads: int | str = 1) -> 
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         ctx.device_kind, ctx.device = "cpu", f"cpu, {n} threads"
     return ctx
+
+
+def mpi_library() -> tuple[str, str]:
+    """(first line of the MPI library's version string, MPI standard version)."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().splitlines()[0].strip(), "{}.{}".format(*MPI.Get_version())

@@ -96,26 +96,30 @@ def _fence(value: Array, source: Array) -> Array:
     return jnp.where(jnp.isnan(source), source, value)
 
 
-def _pairwise(t: Array, op: Callable[[Array, Array], Array]) -> Array:
-    # Halve the last axis until one column is left: columns [0, h) combine with [h, 2h), an
-    # odd last column moves on unchanged. The tree depends on D only, never on the row count,
-    # and pairwise summation is also more accurate than a running sum (error O(log D)).
+def _pairwise(t: Array, op: Callable[[Array, Array], Array], identity: float) -> Array:
+    # Pad the last axis to a power of two with the identity of ``op`` (exact: x + 0 == x,
+    # x * 1 == x), then halve it until one column is left, column i combining with i + h. The
+    # tree depends on D only, never on the row count, and pairwise summation is also more
+    # accurate than a running sum (error O(log D) rather than O(D)).
+    d = t.shape[-1]
+    width = 1 << (d - 1).bit_length()
+    if width != d:
+        fill = jnp.full(t.shape[:-1] + (width - d,), identity, dtype=t.dtype)
+        t = jnp.concatenate([t, fill], axis=-1)
     while t.shape[-1] > 1:
-        m = t.shape[-1]
-        h = m // 2
-        paired = op(t[..., :h], t[..., h : 2 * h])
-        t = jnp.concatenate([paired, t[..., 2 * h :]], axis=-1) if m % 2 else paired
+        h = t.shape[-1] // 2
+        t = op(t[..., :h], t[..., h:])
     return t[..., 0]
 
 
 def _sum(t: Array) -> Array:
     """Sum over the last axis, in an order that does not depend on the leading shape."""
-    return _pairwise(t, jnp.add)
+    return _pairwise(t, jnp.add, 0.0)
 
 
 def _prod(t: Array) -> Array:
     """Product over the last axis (fenced, so its result may feed an add)."""
-    return _pairwise(t, lambda a, b: _fence(a * b, a))
+    return _pairwise(t, lambda a, b: _fence(a * b, a), 1.0)
 
 
 def _square(x: Array) -> Array:
