@@ -1,11 +1,12 @@
 """Classic single-objective numerical benchmarks (all minimised), pure JAX.
 
 Every function maps the LAST axis to a scalar: one candidate ``(D,) -> ()`` or a block
-``(B, D) -> (B,)`` (any leading shape works). Rows are only ever combined by reductions along
-``axis=-1`` and by element-wise arithmetic, never by reshapes that mix rows, because the whole
-project's promise of bitwise-identical results at any number of MPI ranks rests on a row's
-value not depending on which other rows share its block (``tests/test_problems.py`` checks this
-bitwise for every problem, in float32 and float64).
+``(B, D) -> (B,)`` (any leading shape works). Only a row's own coordinates are ever combined,
+by element-wise arithmetic and by sums/products over the last axis, because the whole project's
+promise of bitwise-identical results at any number of MPI ranks rests on a row's value not
+depending on which other rows share its block. That takes more than not mixing rows: see
+"Bitwise block invariance" below (``tests/test_problems.py`` checks it bitwise for every
+problem, in float32 and float64, over many block shapes).
 
 The dtype of the input is kept: constants are Python floats (weakly typed in JAX) or are built
 in the input's dtype, so float32 stays float32 and float64 stays float64. Integer input is
@@ -83,15 +84,19 @@ def _per_coordinate(values: Sequence[float], x: Array) -> Array:
 # result is passed through ``_fence`` before an add, a subtraction or another transcendental
 # consumes it, which leaves nothing to contract. Division by a constant counts as a product:
 # XLA rewrites ``a / c`` into ``a * (1 / c)``.
+#
+# The public functions are jitted: called eagerly, their few dozen small ops would otherwise
+# each dispatch (and compile) on their own; inside another jit they are simply inlined.
 
 
 def _fence(value: Array, source: Array) -> Array:
     """``value``, rounded to its dtype before its consumer sees it (no FMA contraction).
 
     ``select(isnan(source), source, value)`` equals ``value`` whenever a NaN ``source`` makes
-    ``value`` NaN too (``source`` is a factor or the argument of ``value``), but the compiler
-    cannot prove it, so it cannot fuse the instruction producing ``value`` into the add or
-    subtraction that consumes it.
+    ``value`` NaN too (``source`` is a factor or the argument of ``value``). Neither XLA nor
+    LLVM folds the select away (jax 0.10.2), and a select between a multiply and an add keeps
+    LLVM from fusing the two. A cheap compare and blend per element; the block-invariance tests
+    are what would notice if a later compiler learned to see through it.
     """
     return jnp.where(jnp.isnan(source), source, value)
 
@@ -126,12 +131,14 @@ def _square(x: Array) -> Array:
     return _fence(x * x, x)
 
 
+@jax.jit
 def sphere(x) -> Array:
     """sum_i x_i^2 [JY13, f136]."""
     x = _as_float(x)
     return _sum(_square(x))
 
 
+@jax.jit
 def ackley(x) -> Array:
     """-20 exp(-0.2 sqrt(mean x_i^2)) - exp(mean cos(2 pi x_i)) + 20 + e [JY13, f1]."""
     x = _as_float(x)
@@ -147,6 +154,7 @@ def ackley(x) -> Array:
     return _fence(-20.0 * e1, e1) - _fence(math.e * e2, e2)
 
 
+@jax.jit
 def rastrigin(x) -> Array:
     """10 D + sum_i (x_i^2 - 10 cos(2 pi x_i)) [JY13, f102 (Rastrigin 1974)]."""
     x = _as_float(x)
@@ -156,6 +164,7 @@ def rastrigin(x) -> Array:
     return _sum(_square(x) + _fence(20.0 * (s * s), s))
 
 
+@jax.jit
 def rosenbrock(x) -> Array:
     """sum_{i=1}^{D-1} 100 (x_{i+1} - x_i^2)^2 + (1 - x_i)^2, D >= 2 [JY13, f105]."""
     x = _as_float(x)
@@ -166,6 +175,7 @@ def rosenbrock(x) -> Array:
     return _sum(_fence(100.0 * (a * a), a) + _square(1.0 - head))
 
 
+@jax.jit
 def griewank(x) -> Array:
     """1 + sum_i x_i^2 / 4000 - prod_i cos(x_i / sqrt(i)), i = 1..D [JY13, f59]."""
     x = _as_float(x)
@@ -178,6 +188,7 @@ def griewank(x) -> Array:
     return 1.0 + _fence(sq / 4000.0, sq) - _prod(_fence(jnp.cos(u), u))
 
 
+@jax.jit
 def schwefel(x) -> Array:
     """418.9828872724338 D - sum_i x_i sin(sqrt|x_i|), Schwefel 2.26 [JY13, f128]."""
     x = _as_float(x)
@@ -186,6 +197,7 @@ def schwefel(x) -> Array:
     return _sum(SCHWEFEL_C - _fence(x * jnp.sin(jnp.sqrt(jnp.abs(x))), x))
 
 
+@jax.jit
 def ellipsoid(x) -> Array:
     """sum_{i=0}^{D-1} (1e6)^(i/(D-1)) x_i^2, exponent 0 if D = 1 [HFRA09 f2; pycma elli]."""
     x = _as_float(x)
@@ -228,8 +240,9 @@ PROBLEMS: dict[str, ProblemSpec] = {
                     "[Jamil & Yang 2013]"),
         ProblemSpec("griewank", griewank, -600.0, 600.0, 1, 0.0, 0.0,
                     "Griewank; multimodal, non-separable product term [Jamil & Yang 2013]"),
-        # The minimum is 0 only to the precision of SCHWEFEL_C: about 6e-14 per coordinate in
-        # float64 at SCHWEFEL_X; of the order of 1e-4 per coordinate in float32.
+        # The minimum is 0 only to the precision of SCHWEFEL_C: 5.7e-14 per coordinate (one
+        # ulp of 419) in float64 at SCHWEFEL_X; exactly 0 in float32 with this formulation,
+        # though no better than a float32 ulp of 419 (3e-5) per coordinate can be promised.
         ProblemSpec("schwefel", schwefel, -500.0, 500.0, 1, SCHWEFEL_X, 0.0,
                     "Schwefel 2.26; deceptive, best minimum far from the next best "
                     "[Jamil & Yang 2013]"),
@@ -298,6 +311,8 @@ class NumericalProblem:
                     f"{self.name}: {which} has {len(b)} entries but dim is {self.dim}"
                 )
             for i, v in enumerate(b):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    raise ValueError(f"{self.name}: {which}[{i}] must be a number, got {v!r}")
                 if not math.isfinite(v):
                     raise ValueError(
                         f"{self.name}: {which}[{i}] must be finite, got {v}"
