@@ -54,12 +54,8 @@ def fingerprint(tree: Any) -> jax.Array:
     out = []
     for leaf in jax.tree_util.tree_leaves(tree):
         leaf = jnp.asarray(leaf)
-        if leaf.dtype == jnp.bool_:
-            bits = leaf.astype(jnp.uint32)
-        elif leaf.dtype.itemsize == 4:
-            bits = lax.bitcast_convert_type(leaf, jnp.uint32)
-        elif leaf.dtype.itemsize == 8:
-            bits = lax.bitcast_convert_type(leaf, jnp.uint32)  # (..., 2)
+        if leaf.dtype != jnp.bool_ and leaf.dtype.itemsize in (4, 8):
+            bits = lax.bitcast_convert_type(leaf, jnp.uint32)  # 8-byte leaves give (..., 2)
         else:
             bits = leaf.astype(jnp.uint32)
         bits = bits.reshape(-1)
