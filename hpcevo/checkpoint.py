@@ -47,6 +47,8 @@ from .parallel import ParallelContext, agree_on_error, allgather_obj, barrier, b
 
 FORMAT = "hpcevo-checkpoint"
 FORMAT_VERSION = 1
+# The history of a single-objective run; a checkpoint stores whatever per-generation series the
+# run keeps (``history/<name>``), so other kinds of runs can keep other series.
 HISTORY_FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
 # Row blocks of about this size are the unit of both checksumming and the split between ranks.
 CRC_BLOCK_BYTES = 8 << 20
@@ -224,8 +226,8 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
         "config": snap.config_text,
     })
     datasets = flatten_state(snap.state)
-    for field in HISTORY_FIELDS:
-        datasets.append((f"history/{field}", np.asarray(snap.history[field]), None))
+    for field, values in sorted(snap.history.items()):
+        datasets.append((f"history/{field}", np.asarray(values), None))
 
     def fail(stage: str, error: BaseException | None) -> None:
         error = agree_on_error(ctx, error)
@@ -530,10 +532,8 @@ def load(ctx: ParallelContext, path: Path, template: Any) -> Loaded:
                 else:
                     leaves.append(arr)
             history = {}
-            for field in HISTORY_FIELDS:
+            for field in sorted(f.get("history", {})):
                 name = f"history/{field}"
-                if name not in f:
-                    raise CheckpointDamaged(f"dataset '{name}' is missing")
                 d = f[name]
                 arr = np.asarray(d[()])
                 _verify(d, arr)
@@ -595,4 +595,4 @@ def read_history(path: Path) -> dict[str, np.ndarray]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        return {k: np.asarray(f[f"history/{k}"][()]) for k in HISTORY_FIELDS}
+        return {k: np.asarray(v[()]) for k, v in f["history"].items()}

@@ -171,7 +171,7 @@ class HistoryBuffer:
         return {k: v[: self.n] for k, v in self.cols.items()}
 
 
-def _resume_point(ctx: ParallelContext, cfg: RunConfig, template: Any, report: "Reporter"):
+def _resume_point(ctx: ParallelContext, cfg: RunConfig, wf: Any, report: "Reporter"):
     """The newest checkpoint that validates and fits ``cfg``, loaded; None if there is none.
 
     A damaged checkpoint is reported and skipped in favour of the one before it. One that is
@@ -200,7 +200,10 @@ def _resume_point(ctx: ParallelContext, cfg: RunConfig, template: Any, report: "
                     f"cannot resume from '{p}': it is at generation {header.generation}, past "
                     f"run.generations = {cfg.run.generations}; raise run.generations to continue it"
                 )
-            loaded = checkpoint.load(ctx, p, template)
+            loaded = checkpoint.load(ctx, p, wf.template(cfg.run.seed))
+            if sorted(loaded.history) != sorted(wf.history_fields):
+                raise UsageError(f"cannot resume from '{p}': its history has {sorted(loaded.history)}, this "
+                                 f"run keeps {sorted(wf.history_fields)}: it was written by another kind of run")
         except checkpoint.CheckpointDamaged as e:
             damaged.append(f"{p.name}: {e}")
             report.line(f"warning: checkpoint '{p}' is damaged ({e}); trying the one before it", err=True)
@@ -260,7 +263,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     config_text = dump_config(cfg)
 
     wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None)
-    loaded = _resume_point(ctx, cfg, wf.template(cfg.run.seed), report) if resume else None
+    loaded = _resume_point(ctx, cfg, wf, report) if resume else None
     start_gen = loaded.header.generation if loaded else 0
     if ctx.is_root:
         (out / "config.toml").write_text(config_text)

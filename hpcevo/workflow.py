@@ -93,6 +93,8 @@ def state_digest(tree: Any) -> str:
 class Workflow:
     """Compiles and runs one algorithm on one problem over the ranks of ``ctx``."""
 
+    history_fields = History._fields  # the per-generation series a run keeps (and checkpoints)
+
     def __init__(self, algorithm: Algorithm, evaluate: Callable[[jax.Array], jax.Array], ctx: ParallelContext,
                  microbatch: int | None = None):
         self.algorithm = algorithm
