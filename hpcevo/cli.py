@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue the run in RUN_DIR from its newest valid checkpoint")
     resume.add_argument("run_dir", help="a run directory (holds config.toml)")
     _run_options(resume, resume=True)
-    sub.add_parser("info", help="what this job sees: MPI, ranks, hosts, devices, HDF5, versions")
+    info = sub.add_parser("info", help="what this job sees: MPI, ranks, hosts, binding, HDF5, versions")
+    info.add_argument("config", nargs="?", help="bind as this run config's [parallel] section asks")
+    info.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                      help="override a config key (repeatable)")
     inspect = sub.add_parser("inspect", help="what is in a run directory or checkpoint file, and whether it validates")
     inspect.add_argument("path", help="run directory, checkpoint directory or checkpoint file (.h5)")
     plot = sub.add_parser("plot", help="convergence picture of a run (PNG)")
@@ -63,28 +66,38 @@ def _run_options(p: argparse.ArgumentParser, resume: bool) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
-def _run(ctx, args) -> int:
-    from .config import load_config
-    from .errors import EXIT_STOPPED
+def _load_and_bind(ctx, source):
+    """Read the config that ``source()`` names (path, overrides; no path: defaults) and bind
+    this rank as its [parallel] section asks. Every rank takes the same exit when that fails on
+    some of them (a missing file on one node, a node with fewer GPUs)."""
+    from .config import ParallelSection, load_config
     from .parallel import agree_on_error, bind
-    from .runner import execute, run_config_path
 
-    error = None
+    cfg, error = None, None
     try:
-        overrides = args.overrides
-        if args.command == "resume":
-            path = run_config_path(args.run_dir)
-            # The run stays where it is, wherever it is resumed from.
-            overrides = [f"run.out={json.dumps(str(args.run_dir))}", *overrides]
-        else:
-            path = args.config
-        cfg = load_config(path, overrides)
-        bind(ctx, cfg.parallel.device, cfg.parallel.threads_per_rank)
+        path, overrides = source()
+        cfg = load_config(path, overrides) if path else None
+        par = cfg.parallel if cfg else ParallelSection()
+        bind(ctx, par.device, par.threads_per_rank, par.share_gpus)
     except UsageError as e:
         error = e
     error = agree_on_error(ctx, error)
     if error is not None:
         raise error
+    return cfg
+
+
+def _run(ctx, args) -> int:
+    from .errors import EXIT_STOPPED
+    from .runner import execute, run_config_path
+
+    def source():
+        if args.command == "resume":
+            # The run stays where it is, wherever it is resumed from.
+            return run_config_path(args.run_dir), [f"run.out={json.dumps(str(args.run_dir))}", *args.overrides]
+        return args.config, args.overrides
+
+    cfg = _load_and_bind(ctx, source)
     summary = execute(ctx, cfg, overwrite=getattr(args, "overwrite", False), resume=args.resume,
                       quiet=args.quiet, deadline=args.deadline)
     return EXIT_STOPPED if summary["status"] == "stopped" else 0
@@ -108,9 +121,8 @@ def _plot(ctx, args) -> int:
 
 def _info(ctx, args) -> int:
     from .info import describe, render
-    from .parallel import bind
 
-    bind(ctx)
+    _load_and_bind(ctx, lambda: (args.config, args.overrides))
     text = render(describe(ctx))
     if ctx.is_root:
         print(text)

@@ -62,6 +62,9 @@ class ParallelSection(_Section):
     # Rows per evaluation micro-batch; depends on the population size only, never on the rank
     # count (that is what keeps evaluation bitwise identical across rank counts). 0 = automatic.
     microbatch: int = Field(0, ge=0)
+    # One rank per GPU is the layout hpcevo binds; more ranks than GPUs on a node is refused
+    # unless sharing them round-robin is asked for (see hpcevo/parallel/binding.py).
+    share_gpus: bool = False
 
 
 class CheckpointSection(_Section):
