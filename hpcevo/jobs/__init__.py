@@ -308,7 +308,7 @@ def render(req: JobRequest) -> str:
         "prologue": "\n".join(r.prologue) + ("\n" if r.prologue else ""),
         "array_args": " ".join(_array_args(p)),
         "launch": " ".join(_launch(p)),
-        "job_script": shlex.quote(str(Path(r.script_path).resolve())) if r.script_path else '""',
+        "job_script": shlex.quote(r.script_path) if r.script_path else '""',
         "launch_and_wait": _template("launch.sh").rstrip("\n"),
     }
     return _fill(_template(f"{r.scheduler}.sh"), slots)
@@ -329,7 +329,7 @@ def _fill(template: str, slots: dict[str, str]) -> str:
 
 def submit(req: JobRequest, script: Path) -> str:
     """Render ``req`` to ``script``, submit it with sbatch or qsub, return the job id."""
-    req = dataclasses.replace(req, script_path=str(script))
+    req = dataclasses.replace(req, script_path=str(script.resolve()))
     text = render(req)
     p = plan(req)
     script.parent.mkdir(parents=True, exist_ok=True)
