@@ -324,3 +324,36 @@ def _wait_for(ready, proc, timeout=60.0):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() - t0 < timeout, "timed out"
         time.sleep(0.1)
+
+
+def test_submit_writes_the_script_and_prints_the_job_id(tmp_path, monkeypatch):
+    from hpcevo.jobs import submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, answer in (("sbatch", "4242;cluster"), ("qsub", "77.pbs01")):
+        (bin_dir / tool).write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > "{tmp_path}/{tool}.args"\necho "{answer}"\n')
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    script = tmp_path / "sub" / "job.sbatch"
+    assert submit(req(output=str(tmp_path / "logs" / "%x-%j.out")), script) == "4242"
+    assert (tmp_path / "sbatch.args").read_text().split() == ["--parsable", str(script)]
+    assert script.read_text().startswith("#!/bin/bash\n#SBATCH") and (tmp_path / "logs").is_dir()
+    script = tmp_path / "job.pbs"
+    assert submit(req("pbs"), script) == "77.pbs01"
+    assert (tmp_path / "qsub.args").read_text().split() == ["-v", f"HPCEVO_JOB_SCRIPT={script}", str(script)]
+    assert f"JOB_SCRIPT=${{HPCEVO_JOB_SCRIPT:-{script}}}" in script.read_text()
+    monkeypatch.setenv("PATH", str(bin_dir / "none"))
+    with pytest.raises(UsageError, match="sbatch not found: submit from a slurm login node"):
+        submit(req(), tmp_path / "x.sbatch")
+
+
+def test_cli_refuses_with_exit_2_and_one_message(capsys):
+    from hpcevo.cli import main
+
+    assert main(["jobs", "render", "slurm", EXAMPLE, "--time", "1h", "--nodes", "2", "--gpus-per-node", "4",
+                 "--ranks", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hpcevo: error: --ranks 4 does not match --nodes 2 x 4 GPUs per node = 8")
+    assert main(["jobs", "render", "lsf", EXAMPLE, "--time", "1h"]) == 2
+    assert "invalid choice: 'lsf'" in capsys.readouterr().err

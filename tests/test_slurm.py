@@ -33,13 +33,17 @@ def slurm(tmp_path_factory):
         yield cluster
 
 
-def render(tmp: Path, *options: str) -> Path:
-    script = tmp / "job.sbatch"
-    r = subprocess.run([sys.executable, "-m", "hpcevo", "jobs", "render", "slurm", EXAMPLE, "--ranks-per-node", "2",
+def submit(slurm, tmp: Path, *options: str) -> str:
+    """`hpcevo jobs submit slurm` for the CSO example at 2 ranks: renders job.sbatch, calls
+    sbatch, prints the job id."""
+    r = subprocess.run([sys.executable, "-m", "hpcevo", "jobs", "submit", "slurm", EXAMPLE, "--ranks-per-node", "2",
                         "--time", "00:10:00", "--signal-margin", "60", "--output", str(tmp / "job-%j.out"),
-                        *options, "-o", str(script)], capture_output=True, text=True, cwd=tmp)
+                        *options, "-o", str(tmp / "job.sbatch")], capture_output=True, text=True, cwd=tmp,
+                       env=slurm.env)
     assert r.returncode == 0, r.stderr
-    return script
+    job = r.stdout.strip()
+    assert job.isdigit(), job
+    return job
 
 
 def reference_digest(tmp: Path, *overrides: str) -> str:
@@ -57,9 +61,8 @@ def reference_digest(tmp: Path, *overrides: str) -> str:
 
 def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
     gens = ("run.generations=30", "log.every=10")
-    script = render(tmp_path, "--set", gens[0], "--set", gens[1], "--set", "run.out=run",
-                    "--prologue", 'srun --mpi=pmi2 --ntasks=2 "$PYTHON" -m hpcevo info')
-    job = slurm.sbatch(script, cwd=tmp_path)
+    job = submit(slurm, tmp_path, "--set", gens[0], "--set", gens[1], "--set", "run.out=run",
+                 "--prologue", 'srun --mpi=pmi2 --ntasks=2 "$PYTHON" -m hpcevo info')
     info = slurm.wait(job, "COMPLETED")
     assert info["ExitCode"] == "0:0"
     log = (tmp_path / f"job-{job}.out").read_text()
@@ -104,8 +107,7 @@ def test_signal_reaches_every_rank_and_the_job_requeues_itself(slurm, tmp_path):
     fake = tmp_path / "fake-python"
     fake.write_text(FAKE_RANK)
     fake.chmod(0o755)
-    script = render(tmp_path, "--python", str(fake), "--prologue", f"export LOG_DIR={tmp_path}")
-    job = slurm.sbatch(script, cwd=tmp_path)
+    job = submit(slurm, tmp_path, "--python", str(fake), "--prologue", f"export LOG_DIR={tmp_path}")
     signal_and_requeue(slurm, job, lambda: all((tmp_path / f"started.{r}").exists() for r in (0, 1)))
     info = slurm.wait(job, "COMPLETED", timeout=180)
     assert info["Restarts"] == "1"
@@ -125,8 +127,7 @@ def _checkpoints_available() -> bool:
 @pytest.mark.skipif(not _checkpoints_available(), reason="`hpcevo run --resume` (checkpoints, issue 3) not here yet")
 def test_signalled_run_is_requeued_resumes_and_matches_an_uninterrupted_one(slurm, tmp_path):
     gens = ("run.generations=3000", "log.every=10", "checkpoint.every=10")
-    script = render(tmp_path, *[a for g in gens for a in ("--set", g)], "--set", "run.out=run")
-    job = slurm.sbatch(script, cwd=tmp_path)
+    job = submit(slurm, tmp_path, *[a for g in gens for a in ("--set", g)], "--set", "run.out=run")
     metrics = tmp_path / "run" / "metrics.jsonl"
 
     def mid_run() -> bool:
