@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hpcevo.errors import UsageError
+from fake_rank import fake_python, rank_log, started
 from hpcevo.jobs import JobRequest, parse_time, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,38 +271,24 @@ def test_pbs_script_runs_to_a_correct_summary(tmp_path):
     assert not (tmp_path / "qsub.args").exists()  # finished: nothing resubmitted
 
 
-FAKE_RANK = """#!/bin/bash
-# Stands in for `python -m hpcevo run ...`: a rank that checkpoints (exit 75) when signalled.
-echo "$PMI_RANK ${HPCEVO_RESUBMISSIONS:-0} ${SLURM_RESTART_COUNT:-0} $*" >> "$LOG_DIR/ranks.log"
-if [ "${HPCEVO_RESUBMISSIONS:-0}${SLURM_RESTART_COUNT:-0}" != 00 ]; then exit 0; fi
-trap 'echo "$PMI_RANK USR1" >> "$LOG_DIR/ranks.log"; exit 75' USR1
-touch "$LOG_DIR/started.$PMI_RANK"
-for _ in $(seq 600); do sleep 0.1; done
-exit 1
-"""
-
-
 @pytest.mark.launcher
 def test_pbs_script_forwards_the_signal_and_resubmits_itself(tmp_path):
     """USR1 to the batch shell reaches every rank; exit 75 resubmits this script (no -J) after
     this job, telling it which subjob it continues and how many resubmissions were made."""
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_RANK)
-    fake.chmod(0o755)
+    fake = fake_python(tmp_path)
     script = tmp_path / "job.pbs"
     text = render(req("pbs", ranks_per_node=2, seeds="0-3", python=str(fake), script_path=str(script)))
     script.write_text(text)
     env = pbs_env(tmp_path, 2, PBS_ARRAY_INDEX="2", LOG_DIR=str(tmp_path))
     job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: all((tmp_path / f"started.{r}").exists() for r in (0, 1)), job)
+        _wait_for(lambda: started(tmp_path, 2), job)
         job.send_signal(10)  # SIGUSR1, to the batch shell only
         out, err = job.communicate(timeout=60)
     finally:
         job.kill()
     assert job.returncode == 0, err
-    log = (tmp_path / "ranks.log").read_text().splitlines()
-    assert sorted(ln for ln in log if ln.endswith("USR1")) == ["0 USR1", "1 USR1"]
+    assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "USR1"], ["1", "0"], ["1", "USR1"]]
     assert "ranks exited with code 75" in err and "resubmitted as 124.sim" in err
     args = (tmp_path / "qsub.args").read_text().splitlines()
     assert args == ["-v", f"HPCEVO_RESUBMISSIONS=1,HPCEVO_JOB_SCRIPT={script},HPCEVO_ARRAY_INDEX=2"]

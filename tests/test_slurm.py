@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_rank import fake_python, rank_log, started
 from slurm_cluster import private_slurm, unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -75,18 +76,6 @@ def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
     assert summary["state_digest"] == reference_digest(tmp_path, *gens)
 
 
-FAKE_RANK = """#!/bin/bash
-# Stands in for `python -m hpcevo run ...`: a rank that checkpoints (exit 75) when signalled.
-rank=${PMI_RANK:-$SLURM_PROCID}
-echo "$rank ${SLURM_RESTART_COUNT:-0}" >> "$LOG_DIR/ranks.log"
-if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then exit 0; fi
-trap 'echo "$rank USR1" >> "$LOG_DIR/ranks.log"; exit 75' USR1
-touch "$LOG_DIR/started.$rank"
-for _ in $(seq 600); do sleep 0.1; done
-exit 1
-"""
-
-
 def signal_and_requeue(slurm, job: str, ready) -> None:
     """Wait for ``ready()``, send the warning signal to the batch shell only, wait for the
     requeue, and start the requeued job now (Slurm would hold it for cred_expire seconds)."""
@@ -104,15 +93,12 @@ def test_signal_reaches_every_rank_and_the_job_requeues_itself(slurm, tmp_path):
     """The script's own machinery, with stand-in ranks: `scancel -b -s USR1` (the batch shell
     only, as --signal=B:USR1@N) is forwarded through srun to every rank; their exit 75 makes
     the script requeue the job, which runs again with SLURM_RESTART_COUNT=1 and completes."""
-    fake = tmp_path / "fake-python"
-    fake.write_text(FAKE_RANK)
-    fake.chmod(0o755)
+    fake = fake_python(tmp_path)
     job = submit(slurm, tmp_path, "--python", str(fake), "--prologue", f"export LOG_DIR={tmp_path}")
-    signal_and_requeue(slurm, job, lambda: all((tmp_path / f"started.{r}").exists() for r in (0, 1)))
+    signal_and_requeue(slurm, job, lambda: started(tmp_path, 2))
     info = slurm.wait(job, "COMPLETED", timeout=180)
     assert info["Restarts"] == "1"
-    lines = (tmp_path / "ranks.log").read_text().splitlines()
-    assert sorted(lines) == ["0 0", "0 1", "0 USR1", "1 0", "1 1", "1 USR1"]
+    assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "1"], ["0", "USR1"], ["1", "0"], ["1", "1"], ["1", "USR1"]]
     log = (tmp_path / f"job-{job}.out").read_text()
     assert "SIGUSR1" in log and "ranks exited with code 75" in log and "requeueing job" in log
     assert log.count("ranks exited with code 0") == 1
