@@ -19,7 +19,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal, Sequence
 
-from .. import __version__
 from ..errors import UsageError
 
 SCHEDULERS = ("slurm", "pbs")
