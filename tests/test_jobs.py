@@ -151,6 +151,8 @@ def test_pbs_directives(nodes, gpus, rpn, cpus):
     assert f"NRANKS={nodes * per_node}\n" in text
     assert 'LAUNCH=(mpiexec -n "$NRANKS" --machinefile "$PBS_NODEFILE")' in text
     assert 'cd "${PBS_O_WORKDIR:-.}"' in text
+    # a resubmitted job continues; PBS warns of nothing, so the run stops itself before walltime
+    assert run_args(text)[-3:] == ["--resume", "--deadline", str(30 * 3600 - 300)]
 
 
 def test_pbs_pals_launcher():

@@ -190,17 +190,6 @@ def plan(req: JobRequest) -> Plan:
     return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds)
 
 
-def _run_accepts(*options: str) -> bool:
-    """Whether `hpcevo run` takes these options (--resume and --deadline come with checkpoints)."""
-    from ..cli import build_parser
-
-    try:
-        build_parser().parse_args(["run", "config.toml", *options])
-    except UsageError:
-        return False
-    return True
-
-
 def _directives(p: Plan) -> list[str]:
     r = p.req
     name = r.job_name or p.name
@@ -286,13 +275,9 @@ def render(req: JobRequest) -> str:
     run_args = ["run", r.config]
     for o in r.overrides:
         run_args += ["--set", o]
-    if _run_accepts("--resume"):
-        run_args.append("--resume")  # a requeued job continues; a first one starts fresh
-    deadline = ["--deadline", str(p.seconds - r.signal_margin)]
-    if _run_accepts(*deadline):
-        # Slurm's warning signal can come up to a minute late, PBS sends none: the run also
-        # stops by itself in time.
-        run_args += deadline
+    # --resume: a requeued job continues, a first one starts fresh. --deadline: Slurm's warning
+    # signal can come up to a minute late and PBS sends none, so the run also stops by itself.
+    run_args += ["--resume", "--deadline", str(p.seconds - r.signal_margin)]
     slots = {
         "directives": "\n".join(_directives(p)),
         "command": r.command or f"hpcevo jobs render {r.scheduler} {r.config}",
