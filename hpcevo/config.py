@@ -66,6 +66,9 @@ class ParallelSection(_Section):
     # "auto" = <run dir's parent>/.jax-cache, "off", or a directory. JAX_COMPILATION_CACHE_DIR in
     # the environment takes precedence.
     compile_cache: str = "auto"
+    # One rank per GPU is the layout hpcevo binds; more ranks than GPUs on a node is refused
+    # unless sharing them round-robin is asked for (see hpcevo/parallel/binding.py).
+    share_gpus: bool = False
 
 
 class CheckpointSection(_Section):
