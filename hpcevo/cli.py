@@ -111,6 +111,7 @@ def _load_and_bind(ctx, source):
     """Read the config that ``source()`` names (path, overrides; no path: defaults) and bind
     this rank as its [parallel] section asks. Every rank takes the same exit when that fails on
     some of them (a missing file on one node, a node with fewer GPUs)."""
+    from . import startup
     from .config import ParallelSection, load_config
     from .parallel import agree_on_error, bind
 
@@ -120,6 +121,7 @@ def _load_and_bind(ctx, source):
         cfg = load_config(path, overrides) if path else None
         par = cfg.parallel if cfg else ParallelSection()
         bind(ctx, par.device, par.threads_per_rank, par.share_gpus)
+        startup.mark("config")
     except UsageError as e:
         error = e
     error = agree_on_error(ctx, error)
@@ -221,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _discover():
+    from . import startup
     from .parallel import discover
 
-    return discover()
+    ctx = discover()
+    startup.mark("imports_mpi")
+    return ctx

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from . import __version__, checkpoint
+from . import __version__, checkpoint, startup
 from .config import RunConfig, build_algorithm, build_problem, dump_config, resume_conflicts
 from .errors import EXIT_STOPPED, CheckpointError, UsageError
 from .parallel import ParallelContext, agree_max, agree_on_error, bcast_from_root, check_replicas, mpi_library
@@ -280,9 +280,11 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         report.line(f"deadline in {left / 60:.1f} min ({stop_at.source}); stopping {stop_at.margin:.0f} s "
                     "before it, plus the time a chunk and a checkpoint take")
 
+    startup.mark("setup")
     t0 = time.perf_counter()
     wf.compile(cfg.run.seed, first=loaded is None)
     compile_s = time.perf_counter() - t0
+    startup.mark("compile")
 
     history = HistoryBuffer()
     metrics = open(out / "metrics.jsonl", "a" if loaded else "w") if ctx.is_root else None
@@ -300,6 +302,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
             state, part = wf.start(cfg.run.seed)
             history.append(part)
             gen = 1
+            startup.mark("first_generation")
         else:
             state = loaded.state
             history.append(loaded.history)
@@ -362,6 +365,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
             t = time.perf_counter()
             state, part = wf.advance(state, target - gen)
             dt = time.perf_counter() - t
+            startup.mark("first_generation")  # (a resumed run's first)
             history.append(part)
             stop_at.note_chunk(dt)
             # Next chunk's length: about DISPATCH_TARGET_S of work (agreed above as a minimum over
@@ -396,6 +400,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         "wall_s": wall,
         "compile_s": compile_s,
         "compile_cache": cache_dir,
+        "startup_s": startup.phases(),
         "checkpoint_s": ckpt_seconds,
         "evals_per_s": (evals - wf.evaluations(start_gen)) / max(wall, 1e-12),
         "ranks": ctx.size,
