@@ -23,6 +23,9 @@ CTX = bind(discover(), device="cpu", threads=1)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
+    config.addinivalue_line(
+        "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
+    )
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -34,8 +37,10 @@ def pytest_collection_modifyitems(config, items):
     if CTX.size > 1:
         # Launching mpiexec from inside an MPI rank is not portable; these run in the
         # launcher-free pass (CTest's pytest_launcher).
-        keep = [i for i in items if "launcher" not in i.keywords]
-        dropped = [i for i in items if "launcher" in i.keywords]
+        # single_process tests would only repeat the same work on every rank.
+        solo = ("launcher", "single_process")
+        keep = [i for i in items if not any(m in i.keywords for m in solo)]
+        dropped = [i for i in items if any(m in i.keywords for m in solo)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
