@@ -289,3 +289,24 @@ def test_converges_within_budget(name, extra, pop, dim, prob_name, gens, target)
     algo = ALGORITHMS[name](pop_size=pop, dim=dim, lb=prob.lb, ub=prob.ub, **extra)
     best, _ = run_loop(algo, prob, gens)
     assert float(best) < target, f"{name} on {prob_name}: {float(best):.3e} after {gens} generations"
+
+
+# -- config errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo,extra,message", [
+    ("cmaes", {"restart": "bipop"}, "'algorithm.restart'"),
+    ("cmaes", {"lambda0": 8}, "lambda0 applies only with restart = 'ipop'"),
+    ("cmaes", {"restart": "ipop", "lambda0": 40}, "exceeds pop_size"),
+    ("openes", {}, "even pop_size"),
+    ("de", {"strategy": "best/2/bin"}, "'algorithm.strategy'"),
+    ("jade", {"p": 0.0}, "p must be in"),
+    ("ga", {"elites": 9}, "elites must be"),
+    ("pgpe", {"optimizer": "adam"}, "'algorithm.optimizer'"),
+])
+def test_bad_hyper_parameters_are_config_errors_naming_the_key(algo, extra, message):
+    from hpcevo.config import config_from_dict
+    from hpcevo.errors import ConfigError
+
+    data = {"run": {"name": "x", "generations": 2}, "algorithm": {"name": algo, "pop_size": 9, **extra},
+            "problem": {"name": "sphere", "dim": 3}}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        config_from_dict(data)
