@@ -266,13 +266,13 @@ class CMAES(_CMABase):
 
     Hyper-parameters: ``pop_size`` is lambda (its [H16] default is 4 + floor(3 ln n); with
     ``restart = "ipop"`` it is the largest lambda and ``lambda0`` the first); ``sigma_init`` the
-    initial step size as a fraction of the mean box width (0.3, in the range [H16, App. A]
-    advises for a box); every learning rate and the recombination weights are the [H16]
+    initial step size as a fraction of the mean box width ([H16]'s advice for an optimum
+    expected in [a, b]^n: m0 uniform in the box, sigma0 = 0.3 (b - a)); every learning rate and the recombination weights are the [H16]
     defaults (Eq. 48-58), computed from the active lambda, so they follow lambda across
     restarts. mu = floor(lambda / 2), c_m = 1, alpha_cov = 2.
 
-    C is eigendecomposed every generation (O(n^3); [H16, App. B] allows lazier updates, which
-    would save time for large n but the test-scale dims here do not need it). Eigenvalues are
+    C is eigendecomposed every generation (O(n^3); [H16] allows a lazier schedule, which would
+    save time for large n and cost a program whose shape depends on the generation). Eigenvalues are
     floored at a tiny positive value so sampling never takes the root of a rounding-negative.
     """
 
