@@ -4,7 +4,8 @@ Every test here passes at any rank count. Run the suite as
     mpiexec -n N python -m mpi4py -m pytest -m "not launcher"
 (`-m mpi4py` turns an error exit on one rank into MPI_Abort of the job: no hang), and the tests
 that start their own mpiexec jobs without a launcher: python -m pytest -m launcher.
-CTest does both (see CMakeLists.txt).
+CTest does both (see CMakeLists.txt). Tests marked `single_process` (pure JAX, no MPI) run in
+the one-rank pass only: at more ranks every rank would repeat the same work.
 """
 
 from __future__ import annotations
