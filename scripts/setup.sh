@@ -89,7 +89,7 @@ SRC_FLAGS=()
 [ -n "${HPCEVO_REBUILD:-}" ] && SRC_FLAGS=(--no-cache-dir --force-reinstall --no-deps)
 
 say "installing jax, numpy and build tools"
-"${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w \
+"${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib \
   setuptools wheel cython pkgconfig nanobind pytest pytest-timeout cma
 
 say "building mpi4py against $MPICC_PATH"
