@@ -90,7 +90,7 @@ SRC_FLAGS=()
 
 say "installing jax, numpy and build tools"
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
-  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout
+  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout cma
 
 say "building mpi4py against $MPICC_PATH"
 env CC="$MPICC" MPICC="$MPICC" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \

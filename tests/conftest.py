@@ -4,7 +4,8 @@ Every test here passes at any rank count. Run the suite as
     mpiexec -n N python -m mpi4py -m pytest -m "not launcher"
 (`-m mpi4py` turns an error exit on one rank into MPI_Abort of the job: no hang), and the tests
 that start their own mpiexec jobs without a launcher: python -m pytest -m launcher.
-CTest does both (see CMakeLists.txt).
+CTest does both (see CMakeLists.txt). Tests marked `single_process` (pure JAX, no MPI) run in
+the one-rank pass only: at more ranks every rank would repeat the same work.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CTX = bind(discover(), device="cpu", threads=1)
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
     config.addinivalue_line("markers", "slurm: starts a private Slurm cluster; runs only when -m names it")
+    config.addinivalue_line(
+        "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
+    )
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -39,6 +43,8 @@ def pytest_collection_modifyitems(config, items):
         # Launching mpiexec from inside an MPI rank is not portable; these run in the
         # launcher-free pass (CTest's pytest_launcher).
         _deselect(config, items, "launcher")
+        # single_process tests would only repeat the same work on every rank.
+        _deselect(config, items, "single_process")
 
 
 def _deselect(config, items, marker: str) -> None:

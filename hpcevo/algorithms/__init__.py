@@ -1,9 +1,34 @@
 """Algorithms: pure JAX, no MPI, no I/O. One file per family; see base.py for the protocol."""
 
 from .base import Algorithm
+from .cmaes import CMAES, CMAState, SepCMAES
 from .cso import CSO, CSOState
-from .pso import PSO, PSOState
+from .de import DE, JADE, DEState, JADEState
+from .ga import GA, GAState
+from .nes import SNES, XNES, SNESState, XNESState
+from .openes import OpenES, OpenESState
+from .pgpe import PGPE, PGPEState
+from .pso import PSO, SLPSO, PSOState, SLPSOState
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"cso": CSO, "pso": PSO}
+# Config names ([algorithm] name = ...).
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    "cso": CSO,
+    "pso": PSO,
+    "slpso": SLPSO,
+    "de": DE,
+    "jade": JADE,
+    "cmaes": CMAES,
+    "sep_cmaes": SepCMAES,
+    "openes": OpenES,
+    "snes": SNES,
+    "xnes": XNES,
+    "pgpe": PGPE,
+    "ga": GA,
+}
 
-__all__ = ["ALGORITHMS", "Algorithm", "CSO", "CSOState", "PSO", "PSOState"]
+__all__ = [
+    "ALGORITHMS", "Algorithm",
+    "CMAES", "CMAState", "SepCMAES", "CSO", "CSOState", "DE", "DEState", "JADE", "JADEState",
+    "GA", "GAState", "OpenES", "OpenESState", "PGPE", "PGPEState", "PSO", "PSOState",
+    "SLPSO", "SLPSOState", "SNES", "SNESState", "XNES", "XNESState",
+]

@@ -78,3 +78,12 @@ class Algorithm:
     def uniform_in_bounds(self, key: jax.Array, n: int) -> jax.Array:
         lb, ub = self.bounds()
         return lb + (ub - lb) * jax.random.uniform(key, (n, self.dim), self.dtype)
+
+    def width(self) -> jax.Array:
+        """Per-coordinate width of the search box, ub - lb."""
+        lb, ub = self.bounds()
+        return ub - lb
+
+    def clip_to_box(self, x: jax.Array) -> jax.Array:
+        lb, ub = self.bounds()
+        return jnp.clip(x, lb, ub)

@@ -14,6 +14,7 @@ Velocities are clamped to v_max_frac of the search range per coordinate and posi
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -90,3 +91,77 @@ class PSO(Algorithm):
         v = jnp.clip(v, -vmax, vmax)
         x = jnp.clip(x + v, lb, ub)
         return PSOState(key, x, v, pbest_x, pbest_f, gbest_x, gbest_f)
+
+
+class SLPSOState(NamedTuple):
+    key: jax.Array
+    position: jax.Array  # (pop, dim): the swarm, evaluated next
+    delta: jax.Array  # (pop, dim): each particle's last move
+    fitness: jax.Array  # (pop,) fitness of ``position`` once told
+
+
+@dataclasses.dataclass(frozen=True)
+class SLPSO(Algorithm):
+    """Social learning PSO.
+
+    R. Cheng and Y. Jin, "A social learning particle swarm optimization algorithm for scalable
+    optimization", Information Sciences 291:43-60, 2015.
+
+    Each generation the swarm is ranked; every particle but the best learns, coordinate by
+    coordinate, from a randomly chosen better particle (the demonstrator, drawn per coordinate)
+    and from the swarm's mean (Eq. 5-6):
+
+        dx_ij <- r1 dx_ij + r2 (x_kj - x_ij) + r3 eps (mean_j - x_ij),  x_ij <- x_ij + dx_ij
+
+    with probability P_i = (1 - (i - 1)/m)^(alpha log(ceil(n / M))) for the i-th worst of the m
+    particles (Eq. 7: the worse a particle, the likelier it learns), and eps = beta n / M (Eq. 8).
+    Defaults from the paper (Sec. 3.4): M = 100, alpha = 0.5, beta = 0.01. The paper also sizes
+    the swarm, m = M + floor(n / 10); here the config's pop_size is m. Positions are clipped to
+    the box (the paper leaves bounds unspecified; the same as this toolkit's PSO and CSO).
+    """
+
+    M: int = 100
+    alpha: float = 0.5
+    beta: float = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pop_size < 2:
+            raise ValueError(f"SL-PSO needs pop_size >= 2 (a demonstrator), got {self.pop_size}")
+        if self.M < 1:
+            raise ValueError(f"M must be >= 1, got {self.M}")
+        if self.alpha < 0 or self.beta < 0:
+            raise ValueError("alpha and beta must be >= 0")
+
+    def init(self, key: jax.Array) -> SLPSOState:
+        key, k = jax.random.split(key)
+        x = self.uniform_in_bounds(k, self.pop_size)
+        return SLPSOState(key, x, jnp.zeros_like(x), jnp.full((self.pop_size,), jnp.inf, self.dtype))
+
+    def learning_probability(self) -> jax.Array:
+        """P by rank, best first (rank r is the (m - r)-th worst)."""
+        m, n = self.pop_size, self.dim
+        exponent = self.alpha * math.log(math.ceil(n / self.M))
+        r = jnp.arange(m, dtype=self.dtype)
+        return ((r + 1) / m) ** exponent
+
+    def ask(self, state: SLPSOState):
+        m, n, dt = self.pop_size, self.dim, self.dtype
+        key, k_learn, k_demo, k_r = jax.random.split(state.key, 4)
+        order = jnp.argsort(state.fitness, stable=True)  # best first
+        x, dx = state.position[order], state.delta[order]
+        rank = jnp.arange(m)
+        # demonstrator for every coordinate: uniformly among the strictly better ranks
+        u = jax.random.uniform(k_demo, (m, n), dt)
+        demo = jnp.minimum((u * rank[:, None]).astype(jnp.int32), jnp.maximum(rank[:, None] - 1, 0))
+        x_demo = x[demo, jnp.arange(n)]
+        r1, r2, r3 = jax.random.uniform(k_r, (3, m, n), dt)
+        eps = self.beta * n / self.M
+        new_dx = r1 * dx + r2 * (x_demo - x) + eps * r3 * (jnp.mean(x, axis=0) - x)
+        learns = (jax.random.uniform(k_learn, (m, 1), dt) <= self.learning_probability()[:, None]) & (rank[:, None] > 0)
+        dx = jnp.where(learns, new_dx, dx)
+        x = jnp.where(learns, self.clip_to_box(x + new_dx), x)
+        return x, state._replace(key=key, position=x, delta=dx)
+
+    def tell(self, state: SLPSOState, fitness: jax.Array) -> SLPSOState:
+        return state._replace(fitness=fitness.astype(self.dtype))

@@ -1,0 +1,340 @@
+"""CMA-ES with full covariance, sep-CMA-ES, and the IPOP restart strategy for both.
+
+[H16] N. Hansen, "The CMA Evolution Strategy: A Tutorial", arXiv:1604.00772 (2016, rev. 2023).
+      The full-covariance strategy follows its Fig. 6 summary (Eq. 39-47 for the updates,
+      Eq. 48-58 and Table 1 for the defaults), active CMA (negative recombination weights for the
+      worse half) included, as pycma does by default.
+[RH08] R. Ros and N. Hansen, "A Simple Modification in CMA-ES Achieving Linear Time and Space
+      Complexity", PPSN X, LNCS 5199, pp. 296-305, 2008. sep-CMA-ES: C is diagonal and its
+      learning rates are multiplied by (n + 2) / 3 (Sec. 2, Eq. 2 and the text after it).
+[AH05] A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With Increasing Population
+      Size", IEEE CEC 2005, pp. 1769-1776. IPOP: on stagnation, restart with a fresh mean and
+      twice the population (Sec. 2: the stopping criteria and the factor 2).
+
+Restarts and one compiled program. XLA compiles fixed shapes, but IPOP changes lambda. Here
+``pop_size`` is the largest lambda the run may use: every generation asks for ``pop_size`` rows,
+and only the first ``lam`` (a traced integer in the state) take part in the update; the others
+are ordinary samples of the same distribution whose fitness the update ignores. What it costs:
+the inactive rows are evaluated (the workflow's evaluation count is pop_size per generation,
+while ``CMAState.evals`` counts the ones the strategy used), and the O(pop_size * n^2) sampling
+runs at full size from the first restart on. What it buys: one program for the whole run, so it
+runs replicated on every rank with no recompilation or host round trip at a restart, and every
+rank count gives bitwise the same run (everything is data, nothing is shape). The alternatives
+were a host-side loop that rebuilds the workflow per restart (recompiles each restart and
+couples the algorithm to the driver) or compiling one program per lambda (restarts would leave
+the jitted generation loop). Once doubling would exceed ``pop_size``, later restarts keep
+lambda = pop_size. Without restarts (``restart = "none"``) lambda = pop_size throughout and there
+is no masking at all.
+
+Conventions (see ``_es.py``): mean uniform in the box, sigma0 = ``sigma_init`` times the mean box
+width, C0 = diag((width_i / mean width)^2) (the identity for a cubic box); candidates are not
+clipped unless ``clip`` is true. float64 (``run.dtype``) is advised for targets below ~1e-6 on
+ill-conditioned problems: C's condition number reaches 1e6 on the ellipsoid and float32 has 7
+digits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import _es
+from .base import Algorithm
+
+
+class CMAState(NamedTuple):
+    key: jax.Array
+    mean: jax.Array  # (n,)
+    sigma: jax.Array  # ()
+    C: jax.Array  # (n, n) full; (n,) diagonal for sep-CMA-ES
+    B: jax.Array  # (n, n) eigenvectors of C; (0,) for sep-CMA-ES
+    D: jax.Array  # (n,) square roots of C's eigenvalues (of its diagonal for sep)
+    p_sigma: jax.Array  # (n,)
+    p_c: jax.Array  # (n,)
+    z: jax.Array  # (pop, n) standard normal draws of the asked generation
+    gen: jax.Array  # int32, generations since the last (re)start
+    lam: jax.Array  # int32, active population size (<= pop_size)
+    restarts: jax.Array  # int32
+    evals: jax.Array  # int32, evaluations the strategy used (active rows only)
+    history: jax.Array  # (H,) best fitness of the latest generations, newest first (IPOP TolFun)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CMABase(Algorithm):
+    sigma_init: float = 0.3
+    restart: Literal["none", "ipop"] = "none"
+    lambda0: int = 0  # first lambda with restart = "ipop"; 0: 4 + floor(3 ln n) [H16, Eq. 48]
+    clip: bool = False
+
+    # [AH05] stopping criteria (TolFun and TolX from their Sec. 2; 1e-12 as there).
+    tol_fun = 1e-12
+    tol_x = 1e-12
+    max_condition = 1e14
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _es.check_positive(sigma_init=self.sigma_init)
+        if self.restart not in ("none", "ipop"):
+            raise ValueError(f"restart must be 'none' or 'ipop', got {self.restart!r}")
+        if self.restart == "none" and self.lambda0:
+            raise ValueError("lambda0 applies only with restart = 'ipop' (pop_size is lambda otherwise)")
+        if self.lam_start < 2:
+            raise ValueError(f"the population (lambda) must be >= 2, got {self.lam_start}")
+        if self.lam_start > self.pop_size:
+            raise ValueError(
+                f"lambda0 = {self.lam_start} exceeds pop_size = {self.pop_size}; with restart = 'ipop', "
+                "pop_size is the largest population the restarts may grow to"
+            )
+
+    @property
+    def default_lambda(self) -> int:
+        return 4 + int(3 * math.log(self.dim))
+
+    @property
+    def lam_start(self) -> int:
+        if self.restart == "ipop":
+            return self.lambda0 or self.default_lambda
+        return self.pop_size
+
+    def _history_len(self) -> int:
+        return 10 + math.ceil(30 * self.dim / self.lam_start)
+
+    def _scales(self) -> tuple[float, tuple[float, ...]]:
+        width = [u - lo for lo, u in zip(self.lb, self.ub)]
+        mean_w = sum(width) / len(width)
+        return self.sigma_init * mean_w, tuple(w / mean_w for w in width)
+
+    # -- what differs between full and separable covariance --------------------------------------
+    def _fresh_cov(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        raise NotImplementedError
+
+    def _rates(self, mueff, mueff_neg, n):
+        raise NotImplementedError
+
+    def _whiten(self, state: CMAState, z: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def _update_cov(self, state: CMAState, ys, zs, w, c1, cmu, hsig_loss, p_c):
+        raise NotImplementedError
+
+    def _steps(self, state: CMAState, z: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    # -- protocol --------------------------------------------------------------------------------
+    def init(self, key: jax.Array) -> CMAState:
+        key, k_mean = jax.random.split(key)
+        n, dt = self.dim, self.dtype
+        C, B, D = self._fresh_cov()
+        return CMAState(
+            key=key,
+            mean=self.uniform_in_bounds(k_mean, 1)[0],
+            sigma=jnp.asarray(self._scales()[0], dt),
+            C=C, B=B, D=D,
+            p_sigma=jnp.zeros((n,), dt),
+            p_c=jnp.zeros((n,), dt),
+            z=jnp.zeros((self.pop_size, n), dt),
+            gen=jnp.asarray(0, jnp.int32),
+            lam=jnp.asarray(self.lam_start, jnp.int32),
+            restarts=jnp.asarray(0, jnp.int32),
+            evals=jnp.asarray(0, jnp.int32),
+            history=jnp.full((self._history_len(),), jnp.inf, dt),
+        )
+
+    def ask(self, state: CMAState) -> tuple[jax.Array, CMAState]:
+        key, k_z = jax.random.split(state.key)
+        z = jax.random.normal(k_z, (self.pop_size, self.dim), self.dtype)
+        x = state.mean + state.sigma * self._steps(state, z)
+        if self.clip:
+            x = self.clip_to_box(x)
+        return x, state._replace(key=key, z=z)
+
+    def weights(self, lam: jax.Array):
+        """Recombination weights by rank for the active lambda [H16, Eq. 49-53]; zero past lam."""
+        P, n, dt = self.pop_size, self.dim, self.dtype
+        i = jnp.arange(1, P + 1, dtype=dt)
+        lam_f = lam.astype(dt)
+        raw = jnp.log((lam_f + 1) / 2) - jnp.log(i)
+        active = jnp.arange(P) < lam
+        pos = active & (jnp.arange(P) < lam // 2)
+        neg = active & ~pos
+        s_pos = jnp.where(pos, raw, 0).sum()
+        mueff = s_pos**2 / jnp.where(pos, raw * raw, 0).sum()
+        s_neg = -jnp.where(neg, raw, 0).sum()
+        q_neg = jnp.where(neg, raw * raw, 0).sum()
+        mueff_neg = jnp.where(q_neg > 0, s_neg**2 / jnp.where(q_neg > 0, q_neg, 1), 0)
+        cs, ds, cc, c1, cmu, active_cma = self._rates(mueff, mueff_neg, n)
+        if active_cma:
+            scale_neg = jnp.minimum(jnp.minimum(1 + c1 / cmu, 1 + 2 * mueff_neg / (mueff + 2)),
+                                    (1 - c1 - cmu) / (n * cmu))
+            w_neg = jnp.where(neg, scale_neg * raw / jnp.where(s_neg > 0, s_neg, 1), 0)
+        else:
+            w_neg = jnp.zeros_like(raw)
+        w = jnp.where(pos, raw / s_pos, w_neg)
+        return w, mueff, (cs, ds, cc, c1, cmu)
+
+    def tell(self, state: CMAState, fitness: jax.Array) -> CMAState:
+        n, P, dt = self.dim, self.pop_size, self.dtype
+        fitness = fitness.astype(dt)
+        active = jnp.arange(P) < state.lam
+        order = jnp.argsort(jnp.where(active, fitness, jnp.inf), stable=True)
+        zs = state.z[order]
+        ys = self._steps(state, zs)
+        w, mueff, (cs, ds, cc, c1, cmu) = self.weights(state.lam)
+        w_pos = jnp.maximum(w, 0)
+
+        y_w = w_pos @ ys  # [H16, Eq. 41]
+        mean = state.mean + state.sigma * y_w  # c_m = 1
+        chi_n = math.sqrt(n) * (1 - 1 / (4 * n) + 1 / (21 * n * n))
+        p_sigma = (1 - cs) * state.p_sigma + jnp.sqrt(cs * (2 - cs) * mueff) * self._whiten(state, w_pos @ zs)
+        ps_norm = jnp.sqrt(jnp.sum(p_sigma * p_sigma))
+        # [H16, Eq. 44]; the exponent is capped at 1 as in pycma, a guard that only acts on
+        # wildly off-scale starts.
+        sigma = state.sigma * jnp.exp(jnp.minimum(1.0, cs / ds * (ps_norm / chi_n - 1)))
+        g1 = (state.gen + 1).astype(dt)
+        hsig = ps_norm / jnp.sqrt(1 - (1 - cs) ** (2 * g1)) < (1.4 + 2 / (n + 1)) * chi_n
+        hsig = hsig.astype(dt)
+        p_c = (1 - cc) * state.p_c + hsig * jnp.sqrt(cc * (2 - cc) * mueff) * y_w
+        # Negative weights are rescaled by n / ||C^-1/2 y||^2 = n / ||z||^2 [H16, Eq. 46].
+        z_sq = jnp.sum(zs * zs, axis=1)
+        w_circ = jnp.where(w >= 0, w, w * n / jnp.where(z_sq > 0, z_sq, 1))
+        hsig_loss = (1 - hsig) * cc * (2 - cc)
+        decay = 1 + c1 * hsig_loss - c1 - cmu * jnp.sum(w)
+        C, B, D = self._update_cov(state, ys, w_circ, decay, c1, cmu, p_c)
+
+        new = state._replace(
+            mean=mean, sigma=sigma, C=C, B=B, D=D, p_sigma=p_sigma, p_c=p_c,
+            gen=state.gen + 1, evals=state.evals + state.lam,
+            history=jnp.roll(state.history, 1).at[0].set(jnp.min(jnp.where(active, fitness, jnp.inf))),
+        )
+        if self.restart == "ipop":
+            new = self._maybe_restart(new, fitness, active)
+        return new
+
+    # -- IPOP ------------------------------------------------------------------------------------
+    def _should_stop(self, s: CMAState, fitness: jax.Array, active: jax.Array) -> jax.Array:
+        n = self.dim
+        sigma0 = self._scales()[0]
+        hist_len = 10 + jnp.ceil(30 * n / s.lam.astype(self.dtype)).astype(jnp.int32)
+        recent = jnp.arange(s.history.shape[0]) < hist_len
+        h_max = jnp.max(jnp.where(recent, s.history, -jnp.inf))
+        h_min = jnp.min(jnp.where(recent, s.history, jnp.inf))
+        f_max = jnp.max(jnp.where(active, fitness, -jnp.inf))
+        f_min = jnp.min(jnp.where(active, fitness, jnp.inf))
+        tol_fun = (s.gen >= hist_len) & (h_max - h_min < self.tol_fun) & (f_max - f_min < self.tol_fun)
+        diag = s.D**2 if s.B.ndim == 1 else jnp.diagonal(s.C)
+        spread = s.sigma * jnp.maximum(jnp.max(jnp.abs(s.p_c)), jnp.max(jnp.sqrt(diag)))
+        tol_x = spread < self.tol_x * sigma0
+        d2 = s.D**2
+        condition = jnp.max(d2) > self.max_condition * jnp.min(d2)
+        # NoEffectAxis: a tenth of a standard deviation along one principal axis leaves the mean
+        # unchanged (cycling through the axes, one a generation); NoEffectCoord: the same for a
+        # fifth of a deviation along any coordinate.
+        axis = s.gen % n
+        along = s.D[axis] * (s.B[:, axis] if s.B.ndim == 2 else jnp.zeros((n,), self.dtype).at[axis].set(1))
+        no_axis = jnp.all(s.mean == s.mean + 0.1 * s.sigma * along)
+        no_coord = jnp.any(s.mean == s.mean + 0.2 * s.sigma * jnp.sqrt(diag))
+        broken = ~(jnp.isfinite(s.sigma) & jnp.all(jnp.isfinite(s.C)) & jnp.all(jnp.isfinite(s.mean)))
+        return tol_fun | tol_x | condition | no_axis | no_coord | broken
+
+    def _maybe_restart(self, s: CMAState, fitness: jax.Array, active: jax.Array) -> CMAState:
+        stop = self._should_stop(s, fitness, active)
+        key, k_mean = jax.random.split(s.key)
+        lam = jnp.where(2 * s.lam <= self.pop_size, 2 * s.lam, self.pop_size).astype(jnp.int32)
+        C, B, D = self._fresh_cov()
+        fresh = s._replace(
+            key=key,
+            mean=self.uniform_in_bounds(k_mean, 1)[0],
+            sigma=jnp.asarray(self._scales()[0], self.dtype),
+            C=C, B=B, D=D,
+            p_sigma=jnp.zeros_like(s.p_sigma), p_c=jnp.zeros_like(s.p_c),
+            gen=jnp.asarray(0, jnp.int32), lam=lam, restarts=s.restarts + 1,
+            history=jnp.full_like(s.history, jnp.inf),
+        )
+        # The restart's key is drawn either way, so the key stream never depends on whether a
+        # restart happened elsewhere than in this select.
+        s = s._replace(key=key)
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(stop, a, b), fresh, s)
+
+
+@dataclasses.dataclass(frozen=True)
+class CMAES(_CMABase):
+    """CMA-ES with full covariance and active CMA [H16], optional IPOP restarts [AH05].
+
+    Hyper-parameters: ``pop_size`` is lambda (its [H16] default is 4 + floor(3 ln n); with
+    ``restart = "ipop"`` it is the largest lambda and ``lambda0`` the first); ``sigma_init`` the
+    initial step size as a fraction of the mean box width ([H16]'s advice for an optimum
+    expected in [a, b]^n: m0 uniform in the box, sigma0 = 0.3 (b - a)); every learning rate and the recombination weights are the [H16]
+    defaults (Eq. 48-58), computed from the active lambda, so they follow lambda across
+    restarts. mu = floor(lambda / 2), c_m = 1, alpha_cov = 2.
+
+    C is eigendecomposed every generation (O(n^3); [H16] allows a lazier schedule, which would
+    save time for large n and cost a program whose shape depends on the generation). Eigenvalues are
+    floored at a tiny positive value so sampling never takes the root of a rounding-negative.
+    """
+
+    def _fresh_cov(self):
+        scale = jnp.asarray(self._scales()[1], self.dtype)
+        return jnp.diag(scale * scale), jnp.eye(self.dim, dtype=self.dtype), scale
+
+    def _rates(self, mueff, mueff_neg, n):
+        # [H16, Eq. 54-58] with alpha_cov = 2.
+        cs = (mueff + 2) / (n + mueff + 5)
+        ds = 1 + 2 * jnp.maximum(0.0, jnp.sqrt((mueff - 1) / (n + 1)) - 1) + cs
+        cc = (4 + mueff / n) / (n + 4 + 2 * mueff / n)
+        c1 = 2 / ((n + 1.3) ** 2 + mueff)
+        cmu = jnp.minimum(1 - c1, 2 * (mueff - 2 + 1 / mueff) / ((n + 2) ** 2 + mueff))
+        return cs, ds, cc, c1, cmu, True
+
+    def _steps(self, state, z):
+        return (z * state.D) @ state.B.T  # y = B D z
+
+    def _whiten(self, state, z):
+        return state.B @ z  # C^-1/2 (B D z) = B z
+
+    def _update_cov(self, state, ys, w_circ, decay, c1, cmu, p_c):
+        # [H16, Eq. 47]
+        C = decay * state.C + c1 * jnp.outer(p_c, p_c) + cmu * (ys.T * w_circ) @ ys
+        C = (C + C.T) / 2
+        eig, B = jnp.linalg.eigh(C)
+        floor = jnp.finfo(self.dtype).tiny
+        D = jnp.sqrt(jnp.maximum(eig, floor))
+        return C, B, D
+
+
+@dataclasses.dataclass(frozen=True)
+class SepCMAES(_CMABase):
+    """sep-CMA-ES [RH08]: diagonal covariance, O(n) time and memory per sample.
+
+    Defaults are those of [RH08, Sec. 2]: the 2006-tutorial rates with mu_cov = mu_eff,
+    c_cov = 2 / (mu_cov (n + sqrt 2)^2) + (1 - 1/mu_cov) min(1, (2 mu_eff - 1) / ((n + 2)^2 +
+    mu_eff)) multiplied by (n + 2) / 3, c_c = 4 / (n + 4), c_sigma = (mu_eff + 2) / (n + mu_eff + 3),
+    positive recombination weights only. Step size, restarts and conventions as in CMA-ES.
+    """
+
+    def _fresh_cov(self):
+        scale = jnp.asarray(self._scales()[1], self.dtype)
+        return scale * scale, jnp.zeros((0,), self.dtype), scale
+
+    def _rates(self, mueff, mueff_neg, n):
+        cs = (mueff + 2) / (n + mueff + 3)
+        ds = 1 + 2 * jnp.maximum(0.0, jnp.sqrt((mueff - 1) / (n + 1)) - 1) + cs
+        cc = 4 / (n + 4)
+        mucov = mueff
+        ccov = 2 / (mucov * (n + math.sqrt(2)) ** 2) + (1 - 1 / mucov) * jnp.minimum(
+            1.0, (2 * mueff - 1) / ((n + 2) ** 2 + mueff))
+        ccov = jnp.minimum(1.0, ccov * (n + 2) / 3)
+        return cs, ds, cc, ccov / mucov, ccov * (1 - 1 / mucov), False
+
+    def _steps(self, state, z):
+        return z * state.D
+
+    def _whiten(self, state, z):
+        return z
+
+    def _update_cov(self, state, ys, w_circ, decay, c1, cmu, p_c):
+        C = decay * state.C + c1 * p_c * p_c + cmu * (w_circ @ (ys * ys))
+        return C, state.B, jnp.sqrt(jnp.maximum(C, jnp.finfo(self.dtype).tiny))

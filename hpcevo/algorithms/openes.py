@@ -1,0 +1,105 @@
+"""OpenAI-ES.
+
+T. Salimans, J. Ho, X. Chen, S. Sidor and I. Sutskever, "Evolution Strategies as a Scalable
+Alternative to Reinforcement Learning", arXiv:1703.03864, 2017.
+
+A fixed isotropic Gaussian around the mean; the gradient estimate of Algorithm 1 with mirrored
+(antithetic) sampling and centred-rank fitness shaping (Sec. 2.2 and their App.), fed to Adam
+(Kingma & Ba 2015); weight decay (L2 on the mean, their App.) optional. Their defaults:
+sigma = 0.02, Adam learning rate 0.01, L2 coefficient 0.005 (the last is off here by default: it
+pulls towards the origin, a regulariser for network weights, not for a box-constrained problem).
+
+Box conventions (see ``_es.py``): the mean starts uniformly in the box; ``sigma_init`` and
+``lr`` are fractions of the box width per coordinate (so Adam effectively runs in box-normalised
+coordinates, and the paper's values for unit-scale weights carry over). ``sigma_decay`` and
+``lr_decay`` (per generation, floored at ``sigma_min``/``lr_min``) are the common practical
+addition (e.g. evosax, estool); the defaults of 1 keep the paper's fixed values.
+
+The population is mirrored: rows i and i + pop/2 are mean + sigma eps_i and mean - sigma eps_i,
+so pop_size must be even.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import _es
+from .base import Algorithm
+
+
+class OpenESState(NamedTuple):
+    key: jax.Array
+    mean: jax.Array  # (n,)
+    sigma: jax.Array  # (n,) absolute deviation per coordinate
+    lr: jax.Array  # (n,) absolute Adam step per coordinate
+    adam: _es.AdamState
+    eps: jax.Array  # (pop/2, n) the asked generation's noise
+
+
+def _check_mirrored(pop_size: int) -> None:
+    if pop_size < 2 or pop_size % 2:
+        raise ValueError(f"mirrored sampling needs an even pop_size >= 2, got {pop_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenES(Algorithm):
+    """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
+
+    sigma_init: float = 0.02
+    lr: float = 0.01
+    sigma_decay: float = 1.0
+    sigma_min: float = 0.0
+    lr_decay: float = 1.0
+    lr_min: float = 0.0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_mirrored(self.pop_size)
+        _es.check_positive(sigma_init=self.sigma_init, lr=self.lr)
+        _es.check_unit("sigma_decay", self.sigma_decay, closed_low=False)
+        _es.check_unit("lr_decay", self.lr_decay, closed_low=False)
+        _es.check_unit("beta1", self.beta1, closed_high=False)
+        _es.check_unit("beta2", self.beta2, closed_high=False)
+        if min(self.sigma_min, self.lr_min, self.weight_decay, self.adam_eps) < 0:
+            raise ValueError("sigma_min, lr_min, weight_decay and adam_eps must be >= 0")
+
+    def init(self, key: jax.Array) -> OpenESState:
+        key, k = jax.random.split(key)
+        mean = self.uniform_in_bounds(k, 1)[0]
+        w = self.width()
+        return OpenESState(key, mean, self.sigma_init * w, self.lr * w, _es.adam_init(mean),
+                           jnp.zeros((self.pop_size // 2, self.dim), self.dtype))
+
+    def ask(self, state: OpenESState):
+        key, k = jax.random.split(state.key)
+        eps = jax.random.normal(k, (self.pop_size // 2, self.dim), self.dtype)
+        step = state.sigma * eps
+        x = jnp.concatenate([state.mean + step, state.mean - step])
+        if self.clip:
+            x = self.clip_to_box(x)
+        return x, state._replace(key=key, eps=eps)
+
+    def tell(self, state: OpenESState, fitness: jax.Array) -> OpenESState:
+        util = _es.centred_ranks(fitness, self.dtype)
+        half = self.pop_size // 2
+        # Algorithm 1 with mirrored pairs: g = 1/(n sigma) sum_i F_i eps_i, the pair sharing eps.
+        g = ((util[:half] - util[half:]) @ state.eps) / (self.pop_size * state.sigma)
+        # Adam minimises: feed it the loss gradient in box-normalised coordinates (x = w u).
+        w = self.width()
+        loss_grad = (-g + self.weight_decay * state.mean) * w
+        direction, adam = _es.adam_step(state.adam, loss_grad, self.beta1, self.beta2, self.adam_eps)
+        return state._replace(
+            mean=state.mean - state.lr * direction,
+            adam=adam,
+            sigma=jnp.maximum(state.sigma * self.sigma_decay, self.sigma_min * w),
+            lr=jnp.maximum(state.lr * self.lr_decay, self.lr_min * w),
+        )
