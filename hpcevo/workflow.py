@@ -16,28 +16,11 @@ import numpy as np
 from jax import lax
 
 from .algorithms.base import Algorithm
-from .parallel import ParallelContext, ShardedEvaluator
+from .parallel import ParallelContext, ShardedESStep, ShardedEvaluator
+from .recording import History, LoopState, MultiObjective, SingleObjective
 
-
-class LoopState(NamedTuple):
-    """Everything a run carries between generations; replicated and bitwise equal on all ranks."""
-
-    algo: Any
-    best_x: jax.Array  # (dim,) best candidate seen so far
-    best_f: jax.Array  # ()
-    generation: jax.Array  # int32 (), generations completed
-    nonfinite: jax.Array  # int32 (), evaluations that returned NaN or +-inf, counted as worst
-    last: jax.Array  # (3,) best, mean, std of the latest generation's batch (finite values)
-
-
-class History(NamedTuple):
-    """One entry per generation of a dispatch (the first ``n`` of ``MAX_CHUNK`` rows are valid)."""
-
-    best: jax.Array  # best fitness seen so far
-    gen_best: jax.Array  # best / mean / std of the generation's finite fitness values
-    gen_mean: jax.Array
-    gen_std: jax.Array
-    nonfinite: jax.Array  # int32: NaN or infinite fitness values in the generation
+__all__ = ["MAX_CHUNK", "Boundary", "History", "LoopState", "MultiObjective", "SingleObjective", "Workflow",
+           "concat_history", "fingerprint", "state_digest"]
 
 
 # Generations per dispatch at most: the length of the on-device history buffer. The host wakes
@@ -47,18 +30,8 @@ MAX_CHUNK = 256
 
 class Boundary(NamedTuple):
     generation: int
-    state: LoopState
+    state: Any  # the recorder's loop state (LoopState for single-objective runs)
     history: dict[str, np.ndarray]  # per generation since the previous boundary
-
-
-def _batch_stats(fitness: jax.Array) -> jax.Array:
-    finite = jnp.isfinite(fitness)
-    n = jnp.maximum(finite.sum(), 1)
-    f0 = jnp.where(finite, fitness, 0)
-    mean = f0.sum() / n
-    std = jnp.sqrt(jnp.where(finite, (fitness - mean) ** 2, 0).sum() / n)
-    best = jnp.where(finite, fitness, jnp.inf).min()
-    return jnp.stack([best, mean, std])
 
 
 def fingerprint(tree: Any) -> jax.Array:
@@ -91,89 +64,85 @@ def state_digest(tree: Any) -> str:
 
 
 class Workflow:
-    """Compiles and runs one algorithm on one problem over the ranks of ``ctx``."""
+    """Compiles and runs one algorithm on one problem over the ranks of ``ctx``.
 
-    history_fields = History._fields  # the per-generation series a run keeps (and checkpoints)
+    ``recorder`` decides what the loop state tracks besides the algorithm's state and which
+    per-generation series the run keeps (``hpcevo/recording.py``): ``SingleObjective()`` (the
+    default) for fitness of shape (n,), ``MultiObjective(...)`` for (n, m). An algorithm with
+    ``distributed = True`` (OpenES, PGPE, SNES) runs each generation through
+    ``parallel.ShardedESStep``: no rank ever holds the whole population.
+    """
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[[jax.Array], jax.Array], ctx: ParallelContext,
-                 microbatch: int | None = None):
+                 microbatch: int | None = None, recorder: Any = None):
         self.algorithm = algorithm
         self.ctx = ctx
-        self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch)
-        self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch)
-        # Which micro-batches this rank evaluates travels as data, not as a compile-time
-        # constant, so every rank at every rank count compiles the same program.
-        self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))
+        self.recorder = recorder if recorder is not None else SingleObjective()
+        if getattr(algorithm, "distributed", False):
+            self._es = ShardedESStep(algorithm, evaluate, ctx)
+            self._eval_init = self._eval_step = None
+            self._shards = (jnp.asarray(self._es.shard), jnp.asarray(self._es.shard))
+        else:
+            self._es = None
+            self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch)
+            self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch)
+            # Which micro-batches this rank evaluates travels as data, not as a compile-time
+            # constant, so every rank at every rank count compiles the same program.
+            self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))
         self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
         self._fingerprint = jax.jit(fingerprint)
 
+    @property
+    def history_fields(self) -> tuple[str, ...]:
+        """The per-generation series this run keeps (and checkpoints)."""
+        return self.recorder.history_type._fields
+
     # -- jitted pieces -------------------------------------------------------------------------
-    def _record(self, state: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any) -> LoopState:
-        bad = ~jnp.isfinite(raw)
-        fitness = jnp.where(bad, jnp.inf, raw)
-        i = jnp.argmin(fitness)
-        better = fitness[i] < state.best_f
-        return LoopState(
-            algo=algo,
-            best_x=jnp.where(better, candidates[i], state.best_x),
-            best_f=jnp.where(better, fitness[i], state.best_f),
-            generation=state.generation + 1,
-            nonfinite=state.nonfinite + bad.sum(dtype=jnp.int32),
-            last=_batch_stats(raw),
-        )
+    def _step(self, algo: Any, shard, evaluator, ask, tell):
+        if self._es is not None:
+            return self._es(algo, shard)
+        candidates, algo = ask(algo)
+        raw = evaluator(candidates, shard)
+        algo = tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        return algo, raw, lambda i: candidates[i]
 
-    def _first_generation(self, key: jax.Array, shards) -> LoopState:
+    def _first_generation(self, key: jax.Array, shards):
         algo = self.algorithm.init(key)
-        dtype = jnp.dtype(self.algorithm.dtype)
-        empty = LoopState(
-            algo=algo,
-            best_x=jnp.zeros((self.algorithm.dim,), dtype),
-            best_f=jnp.asarray(jnp.inf, dtype),
-            generation=jnp.asarray(0, jnp.int32),
-            nonfinite=jnp.asarray(0, jnp.int32),
-            last=jnp.zeros((3,), dtype),
-        )
-        candidates, algo = self.algorithm.init_ask(algo)
-        raw = self._eval_init(candidates, shards[0])
-        algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(empty, candidates, raw, algo)
+        empty = self.recorder.empty(self.algorithm, algo)
+        a = self.algorithm
+        algo, raw, pick = self._step(algo, shards[0], self._eval_init, a.init_ask, a.init_tell)
+        return self.recorder.record(a, empty, raw, algo, pick)
 
-    def _generation(self, state: LoopState, shards) -> LoopState:
-        candidates, algo = self.algorithm.ask(state.algo)
-        raw = self._eval_step(candidates, shards[1])
-        algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(state, candidates, raw, algo)
+    def _generation(self, state, shards):
+        a = self.algorithm
+        algo, raw, pick = self._step(state.algo, shards[1], self._eval_step, a.ask, a.tell)
+        return self.recorder.record(a, state, raw, algo, pick)
 
-    @staticmethod
-    def _history_row(before: LoopState, after: LoopState) -> tuple:
-        return (after.best_f, after.last[0], after.last[1], after.last[2],
-                after.nonfinite - before.nonfinite)
-
-    def _run_chunk(self, state: LoopState, n: jax.Array, shards) -> tuple[LoopState, History]:
-        dtype = state.best_f.dtype
-        buf = History(*(jnp.zeros((MAX_CHUNK,), dtype) for _ in range(4)), jnp.zeros((MAX_CHUNK,), jnp.int32))
+    def _run_chunk(self, state, n: jax.Array, shards):
+        row = self.recorder.row
+        buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
+                                           for s in jax.eval_shape(row, state, state)))
 
         def body(i, carry):
             s, h = carry
             s2 = self._generation(s, shards)
-            row = self._history_row(s, s2)
-            return s2, History(*(col.at[i].set(v) for col, v in zip(h, row)))
+            return s2, type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
 
         return lax.fori_loop(0, n, body, (state, buf))
 
-    def _first_with_history(self, key: jax.Array, shards) -> tuple[LoopState, History]:
+    def _first_with_history(self, key: jax.Array, shards):
         state = self._first_generation(key, shards)
-        row = self._history_row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
-        return state, History(*(jnp.reshape(v, (1,)) for v in row))
+        values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
+        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values))
 
     # -- host API ------------------------------------------------------------------------------
-    def start(self, seed: int) -> tuple[LoopState, dict[str, np.ndarray]]:
+    def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Initialise from the seed and run generation 1 (the initial population's evaluation)."""
         state, hist = self._first(jax.random.PRNGKey(seed), self._shards)
         return state, _host_history(hist, 1)
 
-    def advance(self, state: LoopState, n: int) -> tuple[LoopState, dict[str, np.ndarray]]:
+    def advance(self, state: Any, n: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Run n (<= MAX_CHUNK) more generations in one dispatch; return the state and their
         history. ``state`` is donated: do not reuse it."""
         if not 1 <= n <= MAX_CHUNK:
@@ -181,11 +150,11 @@ class Workflow:
         state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self._shards)
         return state, _host_history(hist, n)
 
-    def template(self, seed: int = 0) -> LoopState:
+    def template(self, seed: int = 0) -> Any:
         """The shapes and dtypes of the loop state (no computation): what a checkpoint must hold."""
         return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self._shards)
 
-    def fingerprint(self, state: LoopState) -> np.ndarray:
+    def fingerprint(self, state: Any) -> np.ndarray:
         return np.asarray(self._fingerprint(state))
 
     def compile(self, seed: int, first: bool = True) -> None:
@@ -204,7 +173,7 @@ class Workflow:
             return 0
         return self.algorithm.num_init + (generation - 1) * self.algorithm.num_ask
 
-    def run(self, seed: int, generations: int, every: int, state: LoopState | None = None) -> Iterator[Boundary]:
+    def run(self, seed: int, generations: int, every: int, state: Any = None) -> Iterator[Boundary]:
         """Yield the state at every multiple of ``every`` and at the end: the loop for library
         use (the runner drives ``start``/``advance`` itself, adding checkpoints and signals).
 
@@ -231,13 +200,11 @@ class Workflow:
                 parts = []
 
 
-def _host_history(hist: History, n: int) -> dict[str, np.ndarray]:
+def _host_history(hist: Any, n: int) -> dict[str, np.ndarray]:
     host = jax.device_get(hist)
-    return {k: np.asarray(v[:n]) for k, v in zip(History._fields, host)}
+    return {k: np.asarray(v[:n]) for k, v in zip(type(hist)._fields, host)}
 
 
 def concat_history(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Join per-dispatch histories in order (an empty list gives empty arrays)."""
-    if not parts:
-        return {k: np.zeros((0,), np.int32 if k == "nonfinite" else np.float64) for k in History._fields}
-    return {k: np.concatenate([p[k] for p in parts]) for k in History._fields}
+    """Join per-dispatch histories in order (an empty list gives an empty dict)."""
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}

@@ -85,3 +85,117 @@ def check_unit(name: str, v: float, *, closed_low: bool = True, closed_high: boo
     if not (lo_ok and hi_ok):
         lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
         raise ValueError(f"{name} must be in {lo}0, 1{hi}, got {v}")
+
+
+# -- per-candidate noise and order-fixed update sums (OpenES, PGPE, SNES) ---------------------------
+#
+# These strategies' update is a weighted sum over the population of per-sample noise terms. They
+# compute it in a form that a sharded evaluation can reproduce bit for bit without any rank ever
+# holding the whole population (``algorithm.distributed``, ``hpcevo/parallel/es.py``):
+#   * the noise of sample ("unit") i is drawn from its own counter-based key fold_in(key, i), so
+#     any rank can regenerate any rows without the others;
+#   * the sum runs over fixed blocks of ``block_rows`` units: inside a block a pairwise tree over
+#     the rows, then a pairwise tree over the blocks. The grouping depends on the population
+#     only, never on how blocks are spread over ranks;
+#   * products are fenced (``fence``) before anything adds them, so no compiler can contract a
+#     multiply and an add into one FMA differently in two programs (see the note on bitwise block
+#     invariance in hpcevo/problems/numerical.py). A block's partial sum is then the same bits
+#     whether it is computed in one program over the whole population or on some rank alone.
+
+# Units per block by default: at most this many blocks (the partial sums the distributed mode
+# exchanges), at least MIN_BLOCK rows each. Depends on the population only.
+MAX_BLOCKS = 64
+MIN_BLOCK = 8
+
+
+def block_rows(units: int, requested: int = 0) -> int:
+    if requested:
+        return max(1, min(requested, units))
+    return max(1, min(units, max(MIN_BLOCK, -(-units // MAX_BLOCKS))))
+
+
+def fence(value: jax.Array, source: jax.Array) -> jax.Array:
+    """``value``, rounded before a consumer sees it (a select LLVM cannot contract across; see
+    hpcevo/problems/numerical.py). ``source`` is a factor of ``value``: a NaN there is a NaN here."""
+    return jnp.where(jnp.isnan(source), source, value)
+
+
+def pairwise_sum(t: jax.Array) -> jax.Array:
+    """Sum over axis 0 as a pairwise tree of explicit adds (zero-padded to a power of two): a fixed
+    order for a given length, whatever program it is compiled in."""
+    n = t.shape[0]
+    width = 1 << max(0, (n - 1).bit_length())
+    if width != n:
+        t = jnp.concatenate([t, jnp.zeros((width - n, *t.shape[1:]), t.dtype)])
+    while t.shape[0] > 1:
+        h = t.shape[0] // 2
+        t = t[:h] + t[h:]
+    return t[0]
+
+
+def unit_noise(key: jax.Array, first, count: int, dim: int, dtype) -> jax.Array:
+    """Standard normal rows for units first .. first + count - 1, row i from fold_in(key, i)."""
+    idx = first + jnp.arange(count, dtype=jnp.int32)
+    return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (dim,), dtype))(idx)
+
+
+def weighted_rows(w: jax.Array, rows: jax.Array) -> jax.Array:
+    """sum_r w[r] rows[r] over a block, (b,), (b, d) -> (d,), in the fixed order."""
+    return pairwise_sum(fence(w[:, None] * rows, rows))
+
+
+class BlockedES:
+    """ask/tell of a strategy whose update is a sum of per-unit terms, in blocks (see above).
+
+    A strategy provides: ``units`` (noise rows per generation), ``copies`` (candidates per unit:
+    2 for mirrored pairs, ordered [all plus; all minus], else 1), ``expand(state, z)`` (the
+    candidates of noise rows z), ``weights(state, fitness) -> (units, a)``, ``partial(state, z, w)
+    -> (a, d)`` (one block's share of the a update sums) and ``apply(state, total) -> state``; its
+    state has ``key`` and ``z`` (the asked noise; shape (0, dim) in distributed mode, where no rank
+    keeps it). The distributed primitive calls the same pieces block by block.
+    """
+
+    copies = 1
+
+    @property
+    def block_rows(self) -> int:
+        return block_rows(self.units, self.block)
+
+    def _check_blocked(self) -> None:
+        if self.block < 0:
+            raise ValueError(f"block must be >= 0 (0: automatic), got {self.block}")
+
+    def split_key(self, state):
+        key, k = jax.random.split(state.key)
+        return state._replace(key=key), k
+
+    def noise(self, key: jax.Array, first, count: int) -> jax.Array:
+        return unit_noise(key, first, count, self.dim, self.dtype)
+
+    def stored_noise_rows(self) -> int:
+        return 0 if self.distributed else self.units
+
+    def candidate(self, state, key: jax.Array, i) -> jax.Array:
+        """Candidate i of the generation drawn with ``key`` from ``state``, alone."""
+        z = self.noise(key, i % self.units, 1)
+        return self.expand(state, z)[i // self.units]
+
+    def combine(self, partials: jax.Array) -> jax.Array:
+        """(blocks, a, d) block sums -> (a, d), in the fixed order."""
+        return pairwise_sum(partials)
+
+    def ask(self, state):
+        state, k = self.split_key(state)
+        z = self.noise(k, 0, self.units)
+        return self.expand(state, z), state._replace(z=z)
+
+    def tell(self, state, fitness: jax.Array):
+        b, u = self.block_rows, self.units
+        blocks = -(-u // b)
+        w = self.weights(state, fitness)
+        pad = blocks * b - u
+        z = jnp.concatenate([state.z, jnp.zeros((pad, self.dim), state.z.dtype)]) if pad else state.z
+        w = jnp.concatenate([w, jnp.zeros((pad, w.shape[1]), w.dtype)]) if pad else w
+        partials = jax.vmap(lambda zb, wb: self.partial(state, zb, wb))(
+            z.reshape(blocks, b, self.dim), w.reshape(blocks, b, w.shape[1]))
+        return self.apply(state, self.combine(partials))

@@ -87,3 +87,29 @@ class Algorithm:
     def clip_to_box(self, x: jax.Array) -> jax.Array:
         lb, ub = self.bounds()
         return jnp.clip(x, lb, ub)
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiObjectiveAlgorithm(Algorithm):
+    """Base for algorithms whose fitness has shape (n, num_objectives), all minimised.
+
+    ``num_objectives`` comes from the problem, not from the config (it is not a
+    hyper-parameter). ``population(state)`` is the algorithm's current population and its
+    objective vectors: what a run's recorder takes the non-dominated front from.
+    """
+
+    num_objectives: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_objectives < 2:
+            raise ValueError(f"a multi-objective algorithm needs >= 2 objectives, got {self.num_objectives}")
+
+    @classmethod
+    def hyper_parameters(cls) -> dict[str, dataclasses.Field]:
+        fields = super().hyper_parameters()
+        fields.pop("num_objectives")
+        return fields
+
+    def population(self, state: State) -> tuple[jax.Array, jax.Array]:
+        raise NotImplementedError

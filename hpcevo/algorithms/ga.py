@@ -73,6 +73,15 @@ def polynomial_mutation(key: jax.Array, x: jax.Array, lb: jax.Array, ub: jax.Arr
     return jnp.where(mutate, jnp.clip(y, lb, ub), x)
 
 
+def check_variation(crossover_rate: float, eta_c: float, mutation_rate: float, eta_m: float, dim: int) -> None:
+    """The SBX / polynomial mutation settings' checks (shared with NSGA-II and MOEA/D)."""
+    _es.check_unit("crossover_rate", crossover_rate)
+    if not 0 <= mutation_rate <= dim:
+        raise ValueError(f"mutation_rate must be in [0, dim = {dim}], got {mutation_rate}")
+    if eta_c < 0 or eta_m < 0:
+        raise ValueError("eta_c and eta_m must be >= 0")
+
+
 class GAState(NamedTuple):
     key: jax.Array
     population: jax.Array
@@ -97,11 +106,7 @@ class GA(Algorithm):
             raise ValueError(f"GA needs pop_size >= 2, got {self.pop_size}")
         if self.tournament < 1:
             raise ValueError(f"tournament must be >= 1, got {self.tournament}")
-        _es.check_unit("crossover_rate", self.crossover_rate)
-        if not 0 <= self.mutation_rate <= self.dim:
-            raise ValueError(f"mutation_rate must be in [0, dim = {self.dim}], got {self.mutation_rate}")
-        if self.eta_c < 0 or self.eta_m < 0:
-            raise ValueError("eta_c and eta_m must be >= 0")
+        check_variation(self.crossover_rate, self.eta_c, self.mutation_rate, self.eta_m, self.dim)
         if not 0 <= self.elites < self.pop_size:
             raise ValueError(f"elites must be in [0, pop_size), got {self.elites}")
 

@@ -33,7 +33,7 @@ class SNESState(NamedTuple):
     key: jax.Array
     mean: jax.Array  # (n,)
     sigma: jax.Array  # (n,)
-    z: jax.Array  # (pop, n)
+    z: jax.Array  # (pop, n); (0, n) in distributed mode
 
 
 class XNESState(NamedTuple):
@@ -70,8 +70,24 @@ class _NESBase(Algorithm):
 
 
 @dataclasses.dataclass(frozen=True)
-class SNES(_NESBase):
-    """Separable NES [S11; W14, Alg. 6]: a diagonal Gaussian, exponential updates of sigma."""
+class SNES(_es.BlockedES, _NESBase):
+    """Separable NES [S11; W14, Alg. 6]: a diagonal Gaussian, exponential updates of sigma.
+
+    Noise per sample from its own key and the update's sums in fixed blocks of ``block`` samples
+    (``_es.BlockedES``): ``distributed = true`` runs it without any rank holding the population
+    (``hpcevo/parallel/es.py``), with bitwise the same result.
+    """
+
+    distributed: bool = False
+    block: int = 0  # samples per block of the update's partial sums (0: automatic)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_blocked()
+
+    @property
+    def units(self) -> int:
+        return self.pop_size
 
     @property
     def lr_sigma(self) -> float:
@@ -81,17 +97,19 @@ class SNES(_NESBase):
     def init(self, key: jax.Array) -> SNESState:
         key, k = jax.random.split(key)
         return SNESState(key, self.uniform_in_bounds(k, 1)[0], self.sigma_init * self.width(),
-                         jnp.zeros((self.pop_size, self.dim), self.dtype))
+                         jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
 
-    def ask(self, state: SNESState):
-        key, k = jax.random.split(state.key)
-        z = jax.random.normal(k, (self.pop_size, self.dim), self.dtype)
-        return self._candidates(state.mean, state.sigma * z), state._replace(key=key, z=z)
+    def expand(self, state: SNESState, z: jax.Array) -> jax.Array:
+        return self._candidates(state.mean, _es.fence(state.sigma * z, z))
 
-    def tell(self, state: SNESState, fitness: jax.Array) -> SNESState:
-        u = self._sorted_utilities(fitness)
-        g_mu = u @ state.z
-        g_sigma = u @ (state.z * state.z - 1)
+    def weights(self, state: SNESState, fitness: jax.Array) -> jax.Array:
+        return self._sorted_utilities(fitness)[:, None]
+
+    def partial(self, state: SNESState, z: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.stack([_es.weighted_rows(w[:, 0], z), _es.weighted_rows(w[:, 0], _es.fence(z * z, z) - 1)])
+
+    def apply(self, state: SNESState, total: jax.Array) -> SNESState:
+        g_mu, g_sigma = total[0], total[1]
         return state._replace(
             mean=state.mean + self.eta_mu * state.sigma * g_mu,
             sigma=state.sigma * jnp.exp(self.lr_sigma / 2 * g_sigma),

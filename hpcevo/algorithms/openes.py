@@ -16,7 +16,10 @@ coordinates, and the paper's values for unit-scale weights carry over). ``sigma_
 addition (e.g. evosax, estool); the defaults of 1 keep the paper's fixed values.
 
 The population is mirrored: rows i and i + pop/2 are mean + sigma eps_i and mean - sigma eps_i,
-so pop_size must be even.
+so pop_size must be even. eps_i is drawn from its own key (fold_in of the generation's key and i)
+and the gradient is summed in fixed blocks of ``block`` pairs (``_es.BlockedES``), which is what
+lets ``distributed = true`` run it without any rank holding the population
+(``hpcevo/parallel/es.py``), with bitwise the same result.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class OpenESState(NamedTuple):
     sigma: jax.Array  # (n,) absolute deviation per coordinate
     lr: jax.Array  # (n,) absolute Adam step per coordinate
     adam: _es.AdamState
-    eps: jax.Array  # (pop/2, n) the asked generation's noise
+    z: jax.Array  # (pop/2, n) the asked generation's noise eps; (0, n) in distributed mode
 
 
 def _check_mirrored(pop_size: int) -> None:
@@ -46,7 +49,7 @@ def _check_mirrored(pop_size: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenES(Algorithm):
+class OpenES(_es.BlockedES, Algorithm):
     """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
 
     sigma_init: float = 0.02
@@ -60,10 +63,19 @@ class OpenES(Algorithm):
     beta2: float = 0.999
     adam_eps: float = 1e-8
     clip: bool = False
+    distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
+    block: int = 0  # pairs per block of the gradient's partial sums (0: automatic)
+
+    copies = 2
+
+    @property
+    def units(self) -> int:
+        return self.pop_size // 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_mirrored(self.pop_size)
+        self._check_blocked()
         _es.check_positive(sigma_init=self.sigma_init, lr=self.lr)
         _es.check_unit("sigma_decay", self.sigma_decay, closed_low=False)
         _es.check_unit("lr_decay", self.lr_decay, closed_low=False)
@@ -77,22 +89,24 @@ class OpenES(Algorithm):
         mean = self.uniform_in_bounds(k, 1)[0]
         w = self.width()
         return OpenESState(key, mean, self.sigma_init * w, self.lr * w, _es.adam_init(mean),
-                           jnp.zeros((self.pop_size // 2, self.dim), self.dtype))
+                           jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
 
-    def ask(self, state: OpenESState):
-        key, k = jax.random.split(state.key)
-        eps = jax.random.normal(k, (self.pop_size // 2, self.dim), self.dtype)
-        step = state.sigma * eps
+    def expand(self, state: OpenESState, z: jax.Array) -> jax.Array:
+        step = _es.fence(state.sigma * z, z)
         x = jnp.concatenate([state.mean + step, state.mean - step])
-        if self.clip:
-            x = self.clip_to_box(x)
-        return x, state._replace(key=key, eps=eps)
+        return self.clip_to_box(x) if self.clip else x
 
-    def tell(self, state: OpenESState, fitness: jax.Array) -> OpenESState:
+    def weights(self, state: OpenESState, fitness: jax.Array) -> jax.Array:
         util = _es.centred_ranks(fitness, self.dtype)
-        half = self.pop_size // 2
+        half = self.units
+        return (util[:half] - util[half:])[:, None]
+
+    def partial(self, state: OpenESState, z: jax.Array, w: jax.Array) -> jax.Array:
+        return _es.weighted_rows(w[:, 0], z)[None]
+
+    def apply(self, state: OpenESState, total: jax.Array) -> OpenESState:
         # Algorithm 1 with mirrored pairs: g = 1/(n sigma) sum_i F_i eps_i, the pair sharing eps.
-        g = ((util[:half] - util[half:]) @ state.eps) / (self.pop_size * state.sigma)
+        g = total[0] / (self.pop_size * state.sigma)
         # Adam minimises: feed it the loss gradient in box-normalised coordinates (x = w u).
         w = self.width()
         loss_grad = (-g + self.weight_decay * state.mean) * w

@@ -20,7 +20,9 @@ ClipUp, whose step does not depend on the gradient's size; sigma's relative chan
 ``sigma_max_change`` (0.2, as in [T20]'s experiments) to keep a bad generation from collapsing
 it. Box conventions as in ``_es.py``: ``sigma_init``, ClipUp's ``clipup_step`` and
 ``clipup_max_speed`` are fractions of the box width (ClipUp runs in box-normalised coordinates);
-pop_size must be even (mirrored pairs).
+pop_size must be even (mirrored pairs). Noise per pair from its own key and update sums in fixed
+blocks of ``block`` pairs (``_es.BlockedES``): ``distributed = true`` runs it without any rank
+holding the population (``hpcevo/parallel/es.py``), with bitwise the same result.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ class PGPEState(NamedTuple):
     mean: jax.Array  # (n,)
     sigma: jax.Array  # (n,)
     velocity: jax.Array  # (n,) ClipUp velocity, box-normalised units
-    eps: jax.Array  # (pop/2, n)
+    z: jax.Array  # (pop/2, n) standard normal noise, eps = sigma z; (0, n) in distributed mode
 
 
 @dataclasses.dataclass(frozen=True)
-class PGPE(Algorithm):
+class PGPE(_es.BlockedES, Algorithm):
     """PGPE with symmetric sampling [S10]; ``optimizer = "clipup"`` for ClipUp on the mean [T20]."""
 
     sigma_init: float = 0.1
@@ -57,10 +59,19 @@ class PGPE(Algorithm):
     clipup_max_speed: float = 0.3
     momentum: float = 0.9
     clip: bool = False
+    distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
+    block: int = 0  # pairs per block of the update's partial sums (0: automatic)
+
+    copies = 2
+
+    @property
+    def units(self) -> int:
+        return self.pop_size // 2
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_mirrored(self.pop_size)
+        self._check_blocked()
         if self.optimizer not in ("sgd", "clipup"):
             raise ValueError(f"optimizer must be 'sgd' or 'clipup', got {self.optimizer!r}")
         _es.check_positive(sigma_init=self.sigma_init, center_lr=self.center_lr,
@@ -74,23 +85,27 @@ class PGPE(Algorithm):
         key, k = jax.random.split(key)
         mean = self.uniform_in_bounds(k, 1)[0]
         return PGPEState(key, mean, self.sigma_init * self.width(), jnp.zeros_like(mean),
-                         jnp.zeros((self.pop_size // 2, self.dim), self.dtype))
+                         jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
 
-    def ask(self, state: PGPEState):
-        key, k = jax.random.split(state.key)
-        eps = state.sigma * jax.random.normal(k, (self.pop_size // 2, self.dim), self.dtype)
+    def expand(self, state: PGPEState, z: jax.Array) -> jax.Array:
+        eps = _es.fence(state.sigma * z, z)
         x = jnp.concatenate([state.mean + eps, state.mean - eps])
-        if self.clip:
-            x = self.clip_to_box(x)
-        return x, state._replace(key=key, eps=eps)
+        return self.clip_to_box(x) if self.clip else x
 
-    def tell(self, state: PGPEState, fitness: jax.Array) -> PGPEState:
-        half = self.pop_size // 2
+    def weights(self, state: PGPEState, fitness: jax.Array) -> jax.Array:
         r = _es.centred_ranks(fitness, self.dtype)
-        r_plus, r_minus = r[:half], r[half:]
-        eps, sigma = state.eps, state.sigma
-        g_mu = (r_plus - r_minus) @ eps
-        g_sigma = (r_plus + r_minus) @ (eps * eps - sigma * sigma) / sigma
+        r_plus, r_minus = r[: self.units], r[self.units :]
+        return jnp.stack([r_plus - r_minus, r_plus + r_minus], axis=1)
+
+    def partial(self, state: PGPEState, z: jax.Array, w: jax.Array) -> jax.Array:
+        sigma = state.sigma
+        eps = _es.fence(sigma * z, z)
+        spread = _es.fence(eps * eps, eps) - _es.fence(sigma * sigma, sigma)
+        return jnp.stack([_es.weighted_rows(w[:, 0], eps), _es.weighted_rows(w[:, 1], spread)])
+
+    def apply(self, state: PGPEState, total: jax.Array) -> PGPEState:
+        sigma = state.sigma
+        g_mu, g_sigma = total[0], total[1] / sigma
         velocity = state.velocity
         if self.optimizer == "clipup":
             w = self.width()

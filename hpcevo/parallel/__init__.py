@@ -11,6 +11,7 @@ from .control import (
     check_replicas,
     gather_to_root,
 )
+from .es import ShardedESStep
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "discover",
     "gather_to_root",
     "mpi_library",
+    "ShardedESStep",
     "ShardedEvaluator",
     "microbatch_rows",
     "shard_of",

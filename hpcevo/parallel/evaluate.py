@@ -50,7 +50,8 @@ _UINT = {4: jnp.uint32, 8: jnp.uint64}
 
 
 class ShardedEvaluator:
-    """``evaluate(candidates, shard) -> fitness``: jittable, (n, dim) -> (n,), replicated result."""
+    """``evaluate(candidates, shard) -> fitness``: jittable, (n, dim) -> (n,) or, for a
+    multi-objective problem, (n, m); the result is replicated."""
 
     def __init__(self, fn: Callable[[jax.Array], jax.Array], n: int, ctx: ParallelContext,
                  microbatch: int | None = None):
@@ -70,6 +71,7 @@ class ShardedEvaluator:
         batches = candidates.reshape(k, mb, candidates.shape[1])
         dtype = candidates.dtype
         utype = _UINT[jnp.dtype(dtype).itemsize]
+        per_row = jax.eval_shape(self.fn, jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
 
         def body(i, out):
             j = shard[0] + i
@@ -77,9 +79,9 @@ class ShardedEvaluator:
             f = self.fn(x).astype(dtype)
             return lax.dynamic_update_index_in_dim(out, lax.bitcast_convert_type(f, utype), j, 0)
 
-        bits = lax.fori_loop(0, shard[1], body, jnp.zeros((k, mb), utype))
+        bits = lax.fori_loop(0, shard[1], body, jnp.zeros((k, mb, *per_row), utype))
         # Issued at one rank too (where it is a copy): leaving it out changes how XLA compiles
         # the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
         bits = mpi4jax.allreduce(bits, op=MPI.BOR, comm=self.ctx.comm_jax)
-        fitness = lax.bitcast_convert_type(bits, dtype).reshape(k * mb)[:n]
+        fitness = lax.bitcast_convert_type(bits, dtype).reshape(k * mb, *per_row)[:n]
         return lax.optimization_barrier(fitness)

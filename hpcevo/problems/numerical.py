@@ -339,6 +339,8 @@ class NumericalProblem:
 
     __call__ = evaluate
 
+    num_objectives = 1
+
     @property
     def optimum_value(self) -> float:
         return self.spec.optimum_value

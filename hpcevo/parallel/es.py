@@ -1,0 +1,102 @@
+"""One generation of an evolution strategy with no rank ever holding the whole population.
+
+For OpenES, PGPE and SNES with ``distributed = true`` (``hpcevo/algorithms/_es.py``,
+``BlockedES``). Their population is mean + noise, and the update needs only weighted sums of
+per-sample noise terms, so nothing population-sized has to exist anywhere:
+
+1. Generate and evaluate. The ``units`` noise rows (pairs for mirrored sampling) are cut into
+   ``k`` blocks of ``b`` rows (a function of the population only). Each rank takes a contiguous
+   range of blocks (``shard``, runtime data, as in ``evaluate.py``), regenerates each block's
+   noise from the counter-based keys fold_in(key, unit), builds and evaluates its candidates, and
+   writes their fitness bits into a zeroed (copies, k, b) buffer. A bitwise-OR allreduce merges
+   the buffers exactly: every rank then has the whole fitness vector (pop scalars).
+2. Shape and accumulate. Every rank turns the fitness into per-unit weights (ranks, utilities;
+   replicated). Each rank regenerates its blocks' noise once more and computes each block's
+   share of the update sums, an (a, d) partial, into a zeroed (k, a, d) buffer; a second
+   bitwise-OR allreduce merges them, and every rank adds the k partials in the same fixed
+   pairwise order (``BlockedES.combine``) and applies the update.
+
+Why not a plain float SUM allreduce of per-rank partial sums: its grouping follows the rank
+count (and MPI's reduction algorithm), so the update's last bits would change with the number of
+ranks. Here a block's partial is computed whole on one rank with fenced, fixed-order arithmetic,
+so it has the same bits wherever it is computed; the OR merge is exact; the final sum has a fixed
+order. The result is bitwise the same at every rank count, and bitwise the same as the
+replicated ``ask``/``tell`` of the same strategy, which computes the same blocks in one program.
+
+What it costs, against a SUM allreduce of one (a, d) vector: the exchange is k (a, d) partials
+(k <= 64 by default: 256 MB for a = 1, d = 10^6, float32), and memory per rank is that buffer
+plus one block's noise and candidates, (copies + 1) b d values: O((k a + b) d), independent of the
+population size and of the rank count (the population itself would be pop d). Compute: the
+noise is generated twice (once per pass) instead of once, which is what keeps memory at a block
+rather than pop/N rows. ``block`` trades the two: larger blocks, fewer partials to exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import mpi4jax
+import numpy as np
+from jax import lax
+from mpi4py import MPI
+
+from .context import ParallelContext
+from .evaluate import _UINT, shard_of
+
+
+class ShardedESStep:
+    """``step(state, shard) -> (state, raw fitness (pop,), pick)``: one generation, jittable.
+
+    ``pick(i)`` regenerates candidate ``i`` of the generation (one noise row), for the run's
+    best-so-far tracking.
+    """
+
+    def __init__(self, algorithm, fn: Callable[[jax.Array], jax.Array], ctx: ParallelContext):
+        self.algorithm, self.fn, self.ctx = algorithm, fn, ctx
+        self.units = algorithm.units
+        self.b = algorithm.block_rows
+        self.k = -(-self.units // self.b)
+        self.shard = np.asarray(shard_of(self.k, 1, ctx.size, ctx.rank), np.int32)
+
+    def _merge(self, values: jax.Array) -> jax.Array:
+        # Issued at one rank too, as in evaluate.py: every rank count compiles the same program.
+        utype = _UINT[jnp.dtype(values.dtype).itemsize]
+        bits = mpi4jax.allreduce(lax.bitcast_convert_type(values, utype), op=MPI.BOR, comm=self.ctx.comm_jax)
+        return lax.bitcast_convert_type(bits, values.dtype)
+
+    def _block_noise(self, key: jax.Array, j: jax.Array) -> jax.Array:
+        a, b = self.algorithm, self.b
+        first = j * b
+        z = a.noise(key, first, b)
+        # Rows past the last unit (the last block's padding) are zero, as in the replicated tell.
+        return jnp.where((first + jnp.arange(b) < self.units)[:, None], z, 0)
+
+    def __call__(self, state: Any, shard: jax.Array):
+        a, b, k, units = self.algorithm, self.b, self.k, self.units
+        c = a.copies
+        dtype = jnp.dtype(a.dtype)
+        state, key = a.split_key(state)
+
+        def evaluate(i, out):
+            j = shard[0] + i
+            x = a.expand(state, self._block_noise(key, j))
+            f = self.fn(x).astype(dtype).reshape(c, 1, b)
+            return lax.dynamic_update_slice(out, f, (0, j, 0))
+
+        f = lax.fori_loop(0, shard[1], evaluate, jnp.zeros((c, k, b), dtype))
+        raw = self._merge(f).reshape(c, k * b)[:, :units].reshape(c * units)
+        w = a.weights(state, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        w = jnp.concatenate([w, jnp.zeros((k * b - units, w.shape[1]), w.dtype)]).reshape(k, b, w.shape[1])
+        shape = jax.eval_shape(lambda z, v: a.partial(state, z, v), jax.ShapeDtypeStruct((b, a.dim), dtype),
+                               jax.ShapeDtypeStruct((b, w.shape[2]), w.dtype)).shape
+
+        def accumulate(i, out):
+            j = shard[0] + i
+            p = a.partial(state, self._block_noise(key, j), w[j])
+            return lax.dynamic_update_index_in_dim(out, p, j, 0)
+
+        partials = lax.fori_loop(0, shard[1], accumulate, jnp.zeros((k, *shape), dtype))
+        new = a.apply(state, a.combine(self._merge(partials)))
+        return new, raw, lambda i: a.candidate(state, key, i)
