@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import typing
 from pathlib import Path
@@ -45,6 +46,11 @@ class ProblemSection(_Section):
     dim: int = Field(ge=1)
     lb: float | list[float] | None = None
     ub: float | list[float] | None = None
+    # Multi-objective problems only: the number of objectives of the scalable ones (DTLZ,
+    # default 3), and the hypervolume reference point (default: the problem's, its Pareto
+    # front's nadir plus 10% of its extent; exact hypervolume for 2 and 3 objectives).
+    objectives: int | None = Field(None, ge=2)
+    ref_point: list[float] | None = None
 
 
 class LogSection(_Section):
@@ -222,9 +228,21 @@ def _field_type(cls: type, f: dataclasses.Field) -> Any:
 
 def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
     """The algorithm instance the config describes, with its own checks turned into ConfigError."""
-    from .algorithms import ALGORITHMS
+    from .algorithms import ALGORITHMS, MultiObjectiveAlgorithm
 
     cls = ALGORITHMS[cfg.algorithm.name]
+    m = getattr(problem, "num_objectives", 1)
+    multi = issubclass(cls, MultiObjectiveAlgorithm)
+    if multi != (m > 1):
+        kind = lambda c: "multi-objective" if issubclass(c, MultiObjectiveAlgorithm) else "single-objective"  # noqa: E731
+        fits = sorted(n for n, c in ALGORITHMS.items() if issubclass(c, MultiObjectiveAlgorithm) == (m > 1))
+        raise ConfigError(
+            f"{where}: 'algorithm.name': {cfg.algorithm.name} is {kind(cls)} but problem {cfg.problem.name!r} "
+            f"has {m} objective{'s' if m > 1 else ''}; algorithms for it: {', '.join(fits)}")
+    extra = {"num_objectives": m} if multi else {}
+    if cfg.algorithm_params.get("distributed") and cfg.parallel.microbatch:
+        raise ConfigError(f"{where}: 'parallel.microbatch' does not apply with algorithm.distributed = true: "
+                          "set algorithm.block (rows per block of the distributed step) instead")
     try:
         return cls(
             pop_size=cfg.algorithm.pop_size,
@@ -232,6 +250,7 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
             lb=problem.lb,
             ub=problem.ub,
             dtype=cfg.run.dtype,
+            **extra,
             **cfg.algorithm_params,
         )
     except ValueError as e:
@@ -243,9 +262,35 @@ def build_problem(cfg: RunConfig, where: str = "config"):
 
     p = cfg.problem
     try:
-        return make_problem(p.name, p.dim, p.lb, p.ub)
+        problem = make_problem(p.name, p.dim, p.lb, p.ub, p.objectives)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}") from None
+    if p.ref_point is not None:
+        m = getattr(problem, "num_objectives", 1)
+        if m == 1:
+            raise ConfigError(f"{where}: 'problem.ref_point': {p.name} is single-objective; a hypervolume "
+                              "reference point applies to multi-objective problems")
+        if len(p.ref_point) != m or not all(math.isfinite(v) for v in p.ref_point):
+            raise ConfigError(f"{where}: 'problem.ref_point': need {m} finite numbers (one per objective), "
+                              f"got {p.ref_point}")
+        if m > 3:
+            raise ConfigError(f"{where}: 'problem.ref_point': exact hypervolume is computed for 2 and 3 "
+                              f"objectives; {p.name} has {m} (IGD is still logged)")
+    return problem
+
+
+def build_recorder(cfg: RunConfig, problem):
+    """What the run records: best-so-far for one objective; front, hypervolume (m <= 3) and IGD
+    for several."""
+    from .recording import MultiObjective, SingleObjective
+
+    m = getattr(problem, "num_objectives", 1)
+    if m == 1:
+        return SingleObjective()
+    ref = cfg.problem.ref_point
+    if ref is None and m <= 3:
+        ref = problem.default_ref_point()
+    return MultiObjective(m, ref, problem.pareto_front())
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:

@@ -69,13 +69,13 @@ def inspect_path(path: str | Path) -> str:
         summary = path / "summary.json"
         if summary.is_file():
             s = json.loads(summary.read_text())
-            lines.append(f"finished    generation {s['generations']}, best {s['best_fitness']:.10e}, "
+            lines.append(f"finished    generation {s['generations']}, {_outcome(s)}, "
                          f"{s['evaluations']} evaluations, {s['ranks']} rank(s), {s['wall_s']:.1f} s, "
                          f"digest {s['state_digest'][:16]}")
         else:
             last = _last_metric(path / "metrics.jsonl")
             lines.append("status      not finished" + (
-                f"; last logged generation {last['generation']}, best {last['best']:.6e}" if last else ""))
+                f"; last logged generation {last['generation']}, {_outcome(last)}" if last else ""))
     paths = checkpoint.list_checkpoints(ckdir)
     partial = sorted(p.name for p in ckdir.glob(".gen-*.partial")) if ckdir.is_dir() else []
     if not paths and not lines:
@@ -83,6 +83,15 @@ def inspect_path(path: str | Path) -> str:
     lines.append(f"checkpoints {ckdir}: {len(paths)}" + (f" (+ unfinished: {', '.join(partial)})" if partial else ""))
     lines += _checkpoint_rows(paths)
     return "\n".join(lines)
+
+
+def _outcome(rec: dict[str, Any]) -> str:
+    """The headline of a summary or metrics record: best fitness, or the front's indicators."""
+    if "best_fitness" in rec or "best" in rec:
+        return f"best {rec.get('best_fitness', rec.get('best')):.10e}"
+    hv, igd = rec.get("hypervolume", rec.get("hv")), rec.get("igd")
+    return (f"front of {rec['front_size']}" + ("" if hv is None else f", hypervolume {hv:.6e}")
+            + ("" if igd is None else f", IGD {igd:.6e}"))
 
 
 def _last_metric(path: Path) -> dict[str, Any] | None:
@@ -113,12 +122,15 @@ def _history(run: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str]:
         r = checkpoint.verify_file(p)
         if r.problem is None:
             h = checkpoint.read_history(p)
-            n = len(h["best"])
+            n = len(next(iter(h.values())))
             first, per = r.header.num_init, r.header.num_ask
             evals = first + per * np.arange(n)
             return h, evals, p.name
     if metrics is not None and metrics.is_file():
         recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        if recs and "best" not in recs[0]:  # multi-objective
+            h = {k: np.array([np.nan if r[k] is None else r[k] for r in recs]) for k in ("hv", "igd", "generation")}
+            return h, np.array([r["evaluations"] for r in recs]), "metrics.jsonl"
         if recs:
             h = {"best": np.array([r["best"] for r in recs]), "gen_best": np.array([r["gen_best"] for r in recs]),
                  "gen_mean": np.array([r["gen_mean"] for r in recs]),
@@ -138,9 +150,19 @@ def plot_run(run: str | Path, output: str | Path | None = None) -> Path:
     if not run.exists():
         raise UsageError(f"'{run}' not found")
     hist, evals, source = _history(run)
-    gens = hist.get("generation", np.arange(1, len(hist["best"]) + 1))
+    gens = hist.get("generation", np.arange(1, len(next(iter(hist.values()))) + 1))
     out = Path(output) if output else (run.parent if run.is_file() else run) / "convergence.png"
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    if "hv" in hist:  # multi-objective: the front's indicators against generations
+        for ax, key, label in ((axes[0], "hv", "hypervolume (maximised)"), (axes[1], "igd", "IGD (minimised)")):
+            ax.plot(gens, hist[key], "-", linewidth=1.2)
+            ax.set_xlabel("generation")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+        fig.suptitle(f"{run.name}  (from {source})")
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        return out
     series = [("best so far", hist["best"], "-"), ("generation best", hist["gen_best"], ":"),
               ("generation mean", hist["gen_mean"], "--")]
     for ax, x, label in ((axes[0], gens, "generation"), (axes[1], evals, "evaluations")):

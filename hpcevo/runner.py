@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from . import __version__, checkpoint, startup
-from .config import RunConfig, build_algorithm, build_problem, dump_config, resume_conflicts
+from .config import RunConfig, build_algorithm, build_problem, build_recorder, dump_config, resume_conflicts
 from .errors import EXIT_STOPPED, CheckpointError, UsageError
 from .parallel import ParallelContext, agree_max, agree_on_error, bcast_from_root, check_replicas, mpi_library
 from .stopping import Deadline, StopFlag, parse_deadline, scheduler_end_time
@@ -127,18 +127,16 @@ class Reporter:
         else:
             print(text, file=self.stream, flush=True)
 
-    def boundary(self, rec: dict[str, Any]) -> None:
+    def boundary(self, rec: dict[str, Any], progress: str) -> None:
+        """``progress``: the recorder's account of the run so far ("best ... mean ...")."""
         if not self.on:
             return
-        text = (
-            f"gen {rec['generation']:>7}  best {rec['best']:.6e}  mean {rec['gen_mean']:.6e}  "
-            f"evals/s {rec['evals_per_s']:.3e}"
-        )
+        text = f"gen {rec['generation']:>7}  {progress}  evals/s {rec['evals_per_s']:.3e}"
         if rec["nonfinite"]:
             text += f"  non-finite {rec['nonfinite']}"
         if self.bar is not None:
             self.bar.update(rec["generation"] - self.bar.n)
-            self.bar.set_postfix(best=f"{rec['best']:.4e}", refresh=False)
+            self.bar.set_postfix_str(progress.split("  ")[0], refresh=False)
         else:
             print(text, file=self.stream, flush=True)
 
@@ -263,7 +261,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     ckdir = cfg.checkpoint_dir
     config_text = dump_config(cfg)
 
-    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None)
+    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None, build_recorder(cfg, problem))
     loaded = _resume_point(ctx, cfg, wf, report) if resume else None
     start_gen = loaded.header.generation if loaded else 0
     if ctx.is_root:
@@ -314,16 +312,11 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
             if (gen % log_every == 0 or gen == G) and not (loaded and gen == start_gen):
                 check_replicas(ctx, wf.fingerprint(state), gen)
                 now = time.perf_counter()
-                last = jax.device_get(state.last)
                 evals = wf.evaluations(gen)
                 rec = {
                     "generation": gen,
                     "evaluations": evals,
-                    "best": float(state.best_f),
-                    "gen_best": float(last[0]),
-                    "gen_mean": float(last[1]),
-                    "gen_std": float(last[2]),
-                    "nonfinite": int(state.nonfinite),
+                    **wf.recorder.boundary(state),
                     "wall_s": now - t_start,
                     "evals_per_s": (evals - wf.evaluations(gen_prev)) / max(now - t_prev, 1e-12),
                 }
@@ -331,7 +324,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
                 if metrics is not None:
                     metrics.write(json.dumps(rec) + "\n")
                     metrics.flush()
-                report.boundary(rec)
+                report.boundary(rec, wf.recorder.progress(rec))
             time_due = bool(ck.every_seconds) and time.monotonic() - last_ckpt_time >= ck.every_seconds
             signum, late, time_due, neg_chunk = agree_max(
                 ctx, [stop.signum, stop_at.due(), time_due, -chunk])
@@ -372,14 +365,14 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
             # ranks, so every rank cuts the run at the same generations).
             chunk = int(max(1, min(MAX_CHUNK, DISPATCH_TARGET_S * (target - gen) / max(dt, 1e-9))))
             gen = target
-        final = state_digest(state), jax.device_get(state.best_x), float(state.best_f), int(state.nonfinite)
+        final = state_digest(state), wf.recorder.summary(state)
     finally:
         stop.uninstall()
         report.close()
         if metrics is not None:
             metrics.close()
     wall = time.perf_counter() - t_start
-    digest, best_x, best, nonfinite = final
+    digest, outcome = final
     evals = wf.evaluations(gen)
     summary = {
         "name": cfg.run.name,
@@ -390,11 +383,9 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         "pop_size": algorithm.pop_size,
         "seed": cfg.run.seed,
         "dtype": cfg.run.dtype,
-        "best_fitness": best,
-        "best_solution": [float(v) for v in best_x],
+        **outcome,  # best fitness and solution; or the front, its hypervolume and IGD
         "generations": gen,
         "evaluations": evals,
-        "nonfinite_evaluations": nonfinite,
         "resumed_from": start_gen or None,
         "checkpoint": str(last_ckpt_path) if last_ckpt_path else None,
         "wall_s": wall,
@@ -418,7 +409,12 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, out / "summary.json")
-    report.line(f"done: best fitness {best:.10e} after {evals} evaluations in {wall:.2f} s  ({out / 'summary.json'})")
+    if "best_fitness" in outcome:
+        result = f"best fitness {outcome['best_fitness']:.10e}"
+    else:
+        hv = outcome["hypervolume"]
+        result = f"front of {outcome['front_size']}" + ("" if hv is None else f", hypervolume {hv:.10e}")
+    report.line(f"done: {result} after {evals} evaluations in {wall:.2f} s  ({out / 'summary.json'})")
     return summary
 
 

@@ -14,10 +14,12 @@ cost all the precision float32 has (ulp(100) is 8e-6).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def ranks(fitness: jax.Array) -> jax.Array:
@@ -133,10 +135,39 @@ def pairwise_sum(t: jax.Array) -> jax.Array:
     return t[0]
 
 
+def _unit_interval(bits: jax.Array, dtype) -> jax.Array:
+    """Uniform in (0, 1]: the top mantissa-width bits as a float in [1, 2), subtracted from 2
+    (both exact)."""
+    dtype = jnp.dtype(dtype)
+    nbits, mant = (32, 23) if dtype.itemsize == 4 else (64, 52)
+    utype = jnp.uint32 if nbits == 32 else jnp.uint64
+    one = lax.bitcast_convert_type(jnp.asarray(1.0, dtype), utype)
+    f = lax.bitcast_convert_type((bits >> (nbits - mant)) | one, dtype)  # [1, 2)
+    return 2.0 - f
+
+
 def unit_noise(key: jax.Array, first, count: int, dim: int, dtype) -> jax.Array:
-    """Standard normal rows for units first .. first + count - 1, row i from fold_in(key, i)."""
+    """Standard normal rows for units first .. first + count - 1, row i from fold_in(key, i).
+
+    Box-Muller [BM58] on the unit's own random bits, each product fenced: JAX's own normal
+    sampler evaluates erfinv as a polynomial of plain multiplies and adds that XLA fuses into its
+    consumers, and the FMA contractions then differ between programs (seen: the same key gave
+    rows differing in the last bit inside a sharded step and inside ``ask``). log, cos and sqrt
+    are single operations here, and the rows come out the same in every program.
+
+    [BM58] G. E. P. Box and M. E. Muller, "A Note on the Generation of Random Normal Deviates",
+           Annals of Mathematical Statistics 29(2):610-611, 1958.
+    """
+    dtype = jnp.dtype(dtype)
+    width = jnp.uint32 if dtype.itemsize == 4 else jnp.uint64
     idx = first + jnp.arange(count, dtype=jnp.int32)
-    return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, i), (dim,), dtype))(idx)
+    bits = jax.vmap(lambda i: jax.random.bits(jax.random.fold_in(key, i), (2, dim), width))(idx)
+    u1, u2 = _unit_interval(bits[:, 0], dtype), _unit_interval(bits[:, 1], dtype)
+    log_u = jnp.log(u1)
+    r = jnp.sqrt(fence(-2.0 * log_u, log_u))
+    angle = fence((2.0 * math.pi) * u2, u2)
+    c = jnp.cos(angle)
+    return fence(r * c, c)
 
 
 def weighted_rows(w: jax.Array, rows: jax.Array) -> jax.Array:
