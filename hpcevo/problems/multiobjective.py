@@ -166,14 +166,13 @@ def dtlz7(x: Array, m: int) -> Array:
 FRONT_POINTS = 1000  # about this many reference points per front
 
 
-def non_dominated_rows(f: np.ndarray) -> np.ndarray:
-    """The rows of ``f`` that no other row dominates (host, O(n^2 m))."""
-    keep = np.ones(len(f), bool)
-    for i in range(len(f)):
-        if keep[i]:
-            dominated = np.all(f[i] <= f, axis=1) & np.any(f[i] < f, axis=1)
-            keep &= ~dominated
-    return f[keep]
+def non_dominated_rows(f: np.ndarray, chunk: int = 256) -> np.ndarray:
+    """The rows of ``f`` that no other row dominates (host; O(n^2 m) in vectorised chunks)."""
+    dominated = np.zeros(len(f), bool)
+    for start in range(0, len(f), chunk):
+        a = f[start : start + chunk, None, :]
+        dominated |= np.any(np.all(a <= f[None], axis=-1) & np.any(a < f[None], axis=-1), axis=0)
+    return f[~dominated]
 
 
 def simplex_lattice(m: int, points: int = FRONT_POINTS) -> np.ndarray:
@@ -218,7 +217,7 @@ def _front_dtlz(name: str, m: int) -> np.ndarray:
         cols = [cum[:, m - 1 - i] * (np.sin(theta[:, m - 1 - i]) if i else 1.0) for i in range(m)]
         return np.stack(cols, axis=1)
     # dtlz7: g = 1 on the front; a grid over the first m - 1 objectives, non-dominated part kept
-    per_axis = max(2, int(round((20 * FRONT_POINTS) ** (1.0 / (m - 1)))))
+    per_axis = max(2, int(round((4 * FRONT_POINTS) ** (1.0 / (m - 1)))))
     axes = np.meshgrid(*[np.linspace(0.0, 1.0, per_axis)] * (m - 1), indexing="ij")
     f = np.stack([a.ravel() for a in axes], axis=1)
     fm = 2.0 * (m - np.sum(f / 2.0 * (1.0 + np.sin(3.0 * math.pi * f)), axis=1))
