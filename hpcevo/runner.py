@@ -123,8 +123,15 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
         jax.config.update("jax_enable_x64", True)
     from .workflow import Workflow, state_digest
 
-    problem = build_problem(cfg)
-    algorithm = build_algorithm(cfg, problem)
+    problem, algorithm, error = None, None, None
+    try:  # a user's problem file may exist on some nodes only: every rank learns of a failure
+        problem = build_problem(cfg)
+        algorithm = build_algorithm(cfg, problem)
+    except UsageError as e:
+        error = e
+    error = agree_on_error(ctx, error)
+    if error is not None:
+        raise error
     out = prepare_run_dir(ctx, cfg, overwrite)
     report = Reporter(ctx, cfg, quiet, stream)
     if ctx.is_root:
@@ -135,7 +142,8 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
         f"[{ctx.device}] -> {out}"
     )
 
-    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None)
+    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
+                  cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False))
     t0 = time.perf_counter()
     wf.compile(cfg.run.seed)
     compile_s = time.perf_counter() - t0
