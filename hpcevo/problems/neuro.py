@@ -101,10 +101,14 @@ class NeuroProblem:
         def step(carry, k):
             obs, state, total, alive = carry
             action = self.policy(params, obs)
-            obs, state, reward, terminated, truncated, _ = self.env.step(k, state, action, self.env_params)
+            # step_env, not step: step also computes a reset every step for its auto-reset,
+            # which an episode that is masked out after its end does not need.
+            obs2, state2, reward, terminated, _ = self.env.step_env(k, state, action, self.env_params)
             total = total + jnp.where(alive, reward, 0.0)
-            alive = alive & ~(terminated | truncated)
-            return (obs, state, total, alive), None
+            ended = terminated | self.env.is_truncated(state2, self.env_params)
+            # A finished episode stands still: no state wanders off to inf or NaN meanwhile.
+            obs, state = jax.tree.map(lambda new, old: jnp.where(alive, new, old), (obs2, state2), (obs, state))
+            return (obs, state, total, alive & ~ended), None
 
         init = (obs, state, jnp.zeros((), jnp.float32), jnp.ones((), bool))
         (_, _, total, _), _ = lax.scan(step, init, jax.random.split(k_steps, self.max_steps))
