@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from . import __version__
 from .config import RunConfig, build_algorithm, build_problem, dump_config
 from .errors import UsageError
-from .parallel import ParallelContext, agree_on_error, check_replicas, mpi_library
+from .parallel import ParallelContext, agree_on_error, check_replicas, microbatch_rows, mpi_library
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
 
@@ -70,6 +70,30 @@ def prepare_run_dir(ctx: ParallelContext, cfg: RunConfig, overwrite: bool) -> Pa
     if error is not None:
         raise error
     return out
+
+
+def probe_batch_size(cfg: RunConfig, problem, algorithm) -> bool | None:
+    """With ``evaluation.batch_size`` below the micro-batch: does evaluating in pieces give the
+    unchunked values bit for bit, on one micro-batch of random candidates? (None: no pieces.)
+
+    A problem whose row values depend on its block's shape would otherwise change the run's last
+    bits silently when a user bounds memory. Problems that are block invariant by construction
+    say so (``block_invariant``: the numerical and CEC 2022 functions, tested bitwise); for the
+    others the probe costs two compilations of the problem."""
+    import jax
+    import jax.numpy as jnp
+
+    from .parallel.evaluate import chunking_is_exact
+
+    mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None)
+    piece = cfg.evaluation.batch_size
+    if not piece or piece >= mb:
+        return None
+    if getattr(problem, "block_invariant", False):
+        return True
+    x = algorithm.uniform_in_bounds(jax.random.PRNGKey(cfg.run.seed), mb)
+    args = (jnp.asarray(1, jnp.int32),) if getattr(problem, "wants_generation", False) else ()
+    return chunking_is_exact(problem.evaluate, x, piece, *args)
 
 
 class Reporter:
@@ -144,6 +168,14 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
 
     wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
                   cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False))
+    exact = probe_batch_size(cfg, problem, algorithm)
+    if exact is False:
+        report.line(
+            f"warning: evaluation.batch_size = {cfg.evaluation.batch_size}: problem {cfg.problem.name} "
+            "gives other last bits in pieces than in whole micro-batches (its values depend on the "
+            "block's shape). This run is reproducible at any rank count with this batch_size, "
+            "but not bitwise equal to a run without it."
+        )
     t0 = time.perf_counter()
     wf.compile(cfg.run.seed)
     compile_s = time.perf_counter() - t0
@@ -199,6 +231,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
         "generations": cfg.run.generations,
         "evaluations": evals,
         "nonfinite_evaluations": nonfinite,
+        "batch_size_exact": exact,
         "wall_s": wall,
         "compile_s": compile_s,
         "evals_per_s": evals / max(wall, 1e-12),

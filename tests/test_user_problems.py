@@ -76,11 +76,9 @@ def run(ctx, algo, problem, generations=6, every=4, seed=3):
 @pytest.mark.parametrize("attr,args,batched", [
     ("shifted_sphere", {"shift": 1.5, "scale": 2.0}, False),
     ("block_rastrigin", {}, True),
-    ("Weighted", {"power": 3}, False),
 ])
 def test_file_problem_bitwise_equal_to_one_rank(ctx, problem_file, attr, args, batched):
-    p = create(f"{problem_file}:{attr}", 6, -4.0 if attr != "Weighted" else None,
-               4.0 if attr != "Weighted" else None, args)
+    p = create(f"{problem_file}:{attr}", 6, -4.0, 4.0, args)
     assert p.batched is batched and p.dim == 6 and p.num_objectives == 1
     algo = CSO(pop_size=13, dim=6, lb=p.lb, ub=p.ub)
     here = run(ctx, algo, p)

@@ -34,7 +34,7 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -345,6 +345,7 @@ class CEC2022Problem:
     ub: tuple[float, ...]
     data: _Data = field(repr=False)
     num_objectives: int = 1
+    block_invariant: ClassVar[bool] = True  # pairwise sums, fenced products (module docstring)
 
     @property
     def name(self) -> str:
