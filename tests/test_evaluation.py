@@ -39,7 +39,9 @@ def test_chunked_equals_unchunked_bitwise(ctx, name, pop, prob, dim, microbatch,
 
 
 @pytest.mark.parametrize("name", ["cec2022_f7", "cec2022_f12"])
-def test_cec_hybrid_and_composition_are_block_invariant(name):
+def test_cec_hybrid_and_composition_are_block_invariant(name, my_turn):
+    if not my_turn:
+        return  # another rank of this job runs it (see conftest.my_turn)
     # The most involved members of the suite (shuffles, Katsuura, Schaffer F7 / log-space
     # weights, modified Schwefel); the others share their pieces.
     p = create(name, 10)
