@@ -41,13 +41,14 @@ def worker() -> dict:
     algo = CSO(pop_size=POP, dim=DIM, lb=problem.lb, ub=problem.ub)
     wf = Workflow(algo, problem.evaluate, ctx)
     wf.compile(0)
-    state = wf.advance(wf.start(0), 10)
+    state, _ = wf.start(0)
+    state, _ = wf.advance(state, 10)
     jax.block_until_ready(state)
     step = []
     for _ in range(REPEATS):
         ctx.comm_ctl.Barrier()
         t = time.perf_counter()
-        state = wf.advance(state, GENS)
+        state, _ = wf.advance(state, GENS)  # returns after the history reached the host
         jax.block_until_ready(state)
         step.append((time.perf_counter() - t) / GENS)
 

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -76,17 +76,46 @@ class ParallelSection(_Section):
     microbatch: int = Field(0, ge=0)
 
 
+class CheckpointSection(_Section):
+    # Periodic checkpoints guard against failures that come without warning (a node dies);
+    # whichever of the two intervals comes first triggers one. 0 turns an interval off.
+    every: int = Field(1000, ge=0)  # generations
+    every_seconds: float = Field(900.0, ge=0)  # wall-clock seconds since the last checkpoint
+    keep: int = Field(3, ge=1)  # newest checkpoints kept; older ones are pruned after a new one
+    keep_every: int = Field(0, ge=0)  # also keep every checkpoint at a multiple of this generation
+    dir: str | None = None  # default: <run dir>/checkpoints
+    final: bool = True  # write one at the end of the run (what `run.generations += N` resumes)
+    # Stop with a checkpoint (exit 75) before this: seconds from the start, a duration ("90m",
+    # "01:30:00") or a local time ("2026-11-23T18:00"). A scheduler end time, when known, counts too.
+    deadline: str | int | None = None
+    margin_seconds: float = Field(60.0, ge=0)  # stop at least this long before the deadline
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_readable(cls, v):
+        if v is not None:
+            from .stopping import parse_deadline
+
+            parse_deadline(v, 0.0)
+        return v
+
+
 class RunConfig(_Section):
     run: RunSection
     algorithm: AlgorithmSection
     problem: ProblemSection
     log: LogSection = LogSection()
     parallel: ParallelSection = ParallelSection()
+    checkpoint: CheckpointSection = CheckpointSection()
     evaluation: EvaluationSection = EvaluationSection()
 
     @property
     def out_dir(self) -> Path:
         return Path(self.run.out) if self.run.out else Path("runs") / self.run.name
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.out_dir / "checkpoints"
 
     @property
     def algorithm_params(self) -> dict[str, Any]:
@@ -160,6 +189,8 @@ def _format_validation(err: ValidationError, model: type[BaseModel], where: str,
                 lines.append(f"unknown key '{prefix}'; did you mean '{loc[-1]}'? (required key '{key}' is missing)")
             else:
                 lines.append(f"missing required key '{key}'")
+        elif e["type"] == "value_error":  # our own validators' messages, kept as written
+            lines.append(f"'{key}': {e['ctx']['error']}")
         else:
             lines.append(f"'{key}': {e['msg'].lower()}; got {e['input']!r}")
     return f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
@@ -266,6 +297,33 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
         build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
     return cfg
+
+
+# What a resumed run may not change: anything that changes the computation itself. The rest
+# (run.generations, names and paths, logging, checkpoint settings, device and threads) may change.
+RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch")
+
+
+def resume_conflicts(stored_text: str, cfg: RunConfig) -> list[str]:
+    """Differences between a checkpoint's resolved config and ``cfg`` that forbid resuming it,
+    one line each, naming the key and both values."""
+    try:
+        old = tomllib.loads(stored_text)
+    except tomllib.TOMLDecodeError as e:
+        return [f"the checkpoint's config cannot be read ({e})"]
+    new = cfg.to_dict()
+    missing = object()
+    out = []
+    for locked in RESUME_LOCKED:
+        section, _, key = locked.partition(".")
+        a, b = old.get(section, {}), new.get(section, {})
+        keys = [key] if key else sorted(set(a) | set(b))
+        for k in keys:
+            va, vb = a.get(k, missing), b.get(k, missing)
+            if va != vb:
+                show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
+                out.append(f"{section}.{k}: checkpoint has {show(va)}, this run has {show(vb)}")
+    return out
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -1,4 +1,16 @@
-"""Errors the CLI maps to exit codes."""
+"""Errors the CLI maps to exit codes, and the exit codes themselves.
+
+    0   the run finished
+    1   unexpected error (traceback prefixed with its rank; MPI_Abort ends the whole job)
+    2   bad input: config, argument, run directory, checkpoint that does not fit the config
+    3   replicas of the algorithm state diverged between ranks
+    4   a checkpoint could not be written (disk full, directory not writable)
+    75  stopped early on a signal or deadline after writing a checkpoint: requeue and --resume
+        (75 is EX_TEMPFAIL of sysexits.h: "temporary failure, the user is invited to retry")
+"""
+
+EXIT_OK = 0
+EXIT_STOPPED = 75
 
 
 class UsageError(Exception):
@@ -15,3 +27,9 @@ class DivergenceError(RuntimeError):
     """Replicas of the algorithm state differ between ranks: the run can no longer be trusted."""
 
     exit_code = 3
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the checkpoints published before it are intact."""
+
+    exit_code = 4

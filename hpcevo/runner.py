@@ -15,10 +15,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
-from .config import RunConfig, build_algorithm, build_problem, dump_config
-from .errors import UsageError
-from .parallel import ParallelContext, agree_on_error, check_replicas, microbatch_rows, mpi_library
+import numpy as np
+
+from . import __version__, checkpoint
+from .config import RunConfig, build_algorithm, build_problem, dump_config, resume_conflicts
+from .errors import EXIT_STOPPED, CheckpointError, UsageError
+from .parallel import (ParallelContext, agree_max, agree_on_error, bcast_from_root, check_replicas,
+                       microbatch_rows, mpi_library)
+from .stopping import Deadline, StopFlag, parse_deadline, scheduler_end_time
+from .stopping import signal_name as stop_signal_name
 
 RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
 
@@ -43,29 +48,41 @@ def versions() -> dict[str, str]:
     }
 
 
-def prepare_run_dir(ctx: ParallelContext, cfg: RunConfig, overwrite: bool) -> Path:
-    """Rank 0 checks and creates the run directory; every rank learns the outcome."""
-    out = cfg.out_dir
+def prepare_run_dir(ctx: ParallelContext, cfg: RunConfig, overwrite: bool, resume: bool = False) -> Path:
+    """Rank 0 checks and creates the run and checkpoint directories; every rank learns the outcome.
+
+    An existing run is continued only with ``resume``, replaced only with ``overwrite``: never
+    silently. Both directories are probed for writing now, not an hour into the run.
+    """
+    out, ckdir = cfg.out_dir, cfg.checkpoint_dir
     error: BaseException | None = None
     if ctx.is_root:
         try:
             existing = [f for f in RUN_FILES if (out / f).exists()]
-            if existing and not overwrite:
+            checkpoints = checkpoint.list_checkpoints(ckdir)
+            if checkpoints:
+                existing.append(f"{len(checkpoints)} checkpoint(s) in {ckdir}")
+            if existing and not (overwrite or resume):
                 raise UsageError(
-                    f"run directory '{out}' already holds a run ({', '.join(existing)}); "
-                    "choose another with --set run.out=DIR or run.name, or pass --overwrite"
+                    f"run directory '{out}' already holds a run ({', '.join(existing)}); pass --resume "
+                    "to continue it, --overwrite to replace it, or choose another with --set run.out=DIR"
                 )
-            if existing:
+            if existing and overwrite:
                 for f in RUN_FILES:
                     (out / f).unlink(missing_ok=True)
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / f".write-test-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
+                for path in checkpoints:
+                    path.unlink()
+            for d in (out, ckdir):
+                d.mkdir(parents=True, exist_ok=True)
+                probe = d / f".write-test-{os.getpid()}"
+                probe.write_text("")
+                probe.unlink()
+            checkpoint.remove_partials(ckdir)
         except UsageError as e:
             error = e
         except OSError as e:
-            error = UsageError(f"run directory '{out}' cannot be written: {e.strerror}")
+            where = e.filename or out
+            error = UsageError(f"run directory '{where}' cannot be written: {e.strerror}")
     error = agree_on_error(ctx, error)
     if error is not None:
         raise error
@@ -96,11 +113,22 @@ def probe_batch_size(cfg: RunConfig, problem, algorithm) -> bool | None:
     return chunking_is_exact(problem.evaluate, x, piece, *args)
 
 
+def run_config_path(run_dir: str | Path) -> Path:
+    """The resolved config a run directory holds (for `hpcevo resume RUN_DIR`)."""
+    path = Path(run_dir) / "config.toml"
+    if not Path(run_dir).is_dir():
+        raise UsageError(f"run directory '{run_dir}' not found")
+    if not path.is_file():
+        raise UsageError(f"'{run_dir}' is not a run directory: it has no config.toml")
+    return path
+
+
 class Reporter:
     """Rank 0's voice: a progress bar on a terminal, plain lines in a batch job, nothing if quiet."""
 
     def __init__(self, ctx: ParallelContext, cfg: RunConfig, quiet: bool, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
+        self.is_root = ctx.is_root
         self.on = ctx.is_root and not quiet
         mode = cfg.log.progress
         use_bar = mode == "bar" or (mode == "auto" and self.stream.isatty())
@@ -110,8 +138,14 @@ class Reporter:
 
             self.bar = tqdm(total=cfg.run.generations, unit="gen", file=self.stream, dynamic_ncols=True)
 
-    def line(self, text: str) -> None:
-        if not self.on:
+    def line(self, text: str, *, err: bool = False, progress: bool = False) -> None:
+        """A message from rank 0. ``err``: a warning, to stderr even with --quiet. ``progress``:
+        routine news, shown as plain lines in batch logs but not under a progress bar."""
+        if err:
+            if self.is_root:
+                print(text, file=sys.stderr, flush=True)
+            return
+        if not self.on or (progress and self.bar is not None):
             return
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
@@ -138,14 +172,110 @@ class Reporter:
             self.bar.close()
 
 
-def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, quiet: bool = False,
-            stream: TextIO | None = None) -> dict[str, Any]:
-    """Run ``cfg`` to the end on the ranks of ``ctx``; return the summary (on every rank)."""
+class HistoryBuffer:
+    """Per-generation history on the host, grown by doubling (appending stays O(1) amortised)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cols: dict[str, np.ndarray] = {}
+
+    def append(self, part: dict[str, np.ndarray]) -> None:
+        m = len(next(iter(part.values())))
+        for k, v in part.items():
+            col = self.cols.get(k)
+            if col is None:
+                col = self.cols[k] = np.zeros(max(1024, m), np.asarray(v).dtype)
+            if self.n + m > len(col):
+                grown = np.zeros(max(2 * len(col), self.n + m), col.dtype)
+                grown[: self.n] = col[: self.n]
+                col = self.cols[k] = grown
+            col[self.n : self.n + m] = v
+        self.n += m
+
+    def view(self) -> dict[str, np.ndarray]:
+        return {k: v[: self.n] for k, v in self.cols.items()}
+
+
+def _resume_point(ctx: ParallelContext, cfg: RunConfig, wf: Any, report: "Reporter"):
+    """The newest checkpoint that validates and fits ``cfg``, loaded; None if there is none.
+
+    A damaged checkpoint is reported and skipped in favour of the one before it. One that is
+    sound but was written by a different configuration stops the run (exit 2): resuming it would
+    silently continue some other experiment.
+    """
+    ckdir = cfg.checkpoint_dir
+    paths = bcast_from_root(ctx, [str(p) for p in checkpoint.list_checkpoints(ckdir)] if ctx.is_root else None)
+    if not paths:
+        report.line(f"no checkpoint in {ckdir}: starting from generation 1")
+        return None
+    damaged = []
+    for p in map(Path, paths):
+        try:
+            header = checkpoint.read_header(ctx, p)
+            conflicts = resume_conflicts(header.config_text, cfg)
+            if conflicts:
+                raise UsageError(
+                    f"cannot resume from '{p}': settings that change the computation differ from "
+                    "the checkpoint's:\n  " + "\n  ".join(conflicts) + "\n  allowed to change on resume: "
+                    "run.generations, run.name, run.out, log.*, checkpoint.*, parallel.device, "
+                    "parallel.threads_per_rank; or pass --overwrite to start a new run"
+                )
+            if header.generation > cfg.run.generations:
+                raise UsageError(
+                    f"cannot resume from '{p}': it is at generation {header.generation}, past "
+                    f"run.generations = {cfg.run.generations}; raise run.generations to continue it"
+                )
+            loaded = checkpoint.load(ctx, p, wf.template(cfg.run.seed))
+            if sorted(loaded.history) != sorted(wf.history_fields):
+                raise UsageError(f"cannot resume from '{p}': its history has {sorted(loaded.history)}, this "
+                                 f"run keeps {sorted(wf.history_fields)}: it was written by another kind of run")
+        except checkpoint.CheckpointDamaged as e:
+            damaged.append(f"{p.name}: {e}")
+            report.line(f"warning: checkpoint '{p}' is damaged ({e}); trying the one before it", err=True)
+            continue
+        report.line(f"resuming from '{p}' (generation {loaded.header.generation}, written by "
+                    f"{loaded.header.ranks} rank{'s' if loaded.header.ranks > 1 else ''})")
+        return loaded
+    raise UsageError(
+        f"no usable checkpoint in '{ckdir}':\n  " + "\n  ".join(damaged)
+        + "\n  pass --overwrite to start the run again from generation 1"
+    )
+
+
+def _truncate_metrics(path: Path, generation: int) -> None:
+    """Keep the metric records up to ``generation``: the resumed run writes the rest again."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["generation"] <= generation:
+                keep.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            break  # a torn last line from a killed run, and anything after it
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+
+
+# A dispatch (a chunk of generations in one jitted call) aims to last about this long, so a stop
+# signal or a deadline is acted on within seconds even when generations are slow.
+DISPATCH_TARGET_S = 5.0
+
+
+def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, resume: bool = False,
+            quiet: bool = False, stream: TextIO | None = None, deadline: str | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on the ranks of ``ctx``; return the summary (on every rank).
+
+    The summary's ``status`` is "complete", or "stopped" when a signal or the deadline ended the
+    run early after writing a checkpoint (the CLI exits 75 then). With ``resume`` the run continues
+    from the newest valid checkpoint, bitwise as if it had never stopped.
+    """
     import jax
 
     if cfg.run.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    from .workflow import Workflow, state_digest
+    from .workflow import MAX_CHUNK, Workflow, state_digest
 
     problem, algorithm, error = None, None, None
     try:  # a user's problem file may exist on some nodes only: every rank learns of a failure
@@ -156,18 +286,31 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
     error = agree_on_error(ctx, error)
     if error is not None:
         raise error
-    out = prepare_run_dir(ctx, cfg, overwrite)
+    t_launch = time.time()
+    stop_at = _deadline(ctx, cfg, deadline, t_launch)
+    out = prepare_run_dir(ctx, cfg, overwrite, resume)
     report = Reporter(ctx, cfg, quiet, stream)
-    if ctx.is_root:
-        (out / "config.toml").write_text(dump_config(cfg))
-    report.line(
-        f"hpcevo {cfg.algorithm.name} on {cfg.problem.name} (dim {problem.dim}, pop {algorithm.pop_size}), "
-        f"{cfg.run.generations} generations on {ctx.size} rank{'s' if ctx.size > 1 else ''} "
-        f"[{ctx.device}] -> {out}"
-    )
+    G, log_every, ck = cfg.run.generations, cfg.log.every, cfg.checkpoint
+    ckdir = cfg.checkpoint_dir
+    config_text = dump_config(cfg)
 
     wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
                   cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False))
+    loaded = _resume_point(ctx, cfg, wf, report) if resume else None
+    start_gen = loaded.header.generation if loaded else 0
+    if ctx.is_root:
+        (out / "config.toml").write_text(config_text)
+        if loaded:
+            _truncate_metrics(out / "metrics.jsonl", start_gen)
+    report.line(
+        f"hpcevo {cfg.algorithm.name} on {cfg.problem.name} (dim {problem.dim}, pop {algorithm.pop_size}), "
+        f"{G} generations on {ctx.size} rank{'s' if ctx.size > 1 else ''} [{ctx.device}] -> {out}"
+        + (f", from generation {start_gen}" if loaded else "")
+    )
+    if stop_at.at is not None:
+        left = stop_at.at - time.time()
+        report.line(f"deadline in {left / 60:.1f} min ({stop_at.source}); stopping {stop_at.margin:.0f} s "
+                    "before it, plus the time a chunk and a checkpoint take")
     exact = probe_batch_size(cfg, problem, algorithm)
     if exact is False:
         report.line(
@@ -176,50 +319,107 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
             "block's shape). This run is reproducible at any rank count with this batch_size, "
             "but not bitwise equal to a run without it."
         )
+
     t0 = time.perf_counter()
-    wf.compile(cfg.run.seed)
+    wf.compile(cfg.run.seed, first=loaded is None)
     compile_s = time.perf_counter() - t0
 
-    metrics = open(out / "metrics.jsonl", "w") if ctx.is_root else None
+    history = HistoryBuffer()
+    metrics = open(out / "metrics.jsonl", "a" if loaded else "w") if ctx.is_root else None
+    stop = StopFlag()
     t_start = t_prev = time.perf_counter()
-    gen_prev = 0
-    state = None
+    gen_prev = start_gen
+    last_ckpt_gen, last_ckpt_time = start_gen, time.monotonic()
+    last_ckpt_path = loaded.header.path if loaded else None
+    ckpt_seconds = 0.0
+    stopped_by = ""
+    chunk = MAX_CHUNK
     try:
-        for b in wf.run(cfg.run.seed, cfg.run.generations, cfg.log.every):
-            state = b.state
-            last = jax.device_get(state.last)
-            best = float(state.best_f)
-            nonfinite = int(state.nonfinite)
-            check_replicas(ctx, wf.fingerprint(state), b.generation)
-            now = time.perf_counter()
-            evals = wf.evaluations(b.generation)
-            rec = {
-                "generation": b.generation,
-                "evaluations": evals,
-                "best": best,
-                "gen_best": float(last[0]),
-                "gen_mean": float(last[1]),
-                "gen_std": float(last[2]),
-                "nonfinite": nonfinite,
-                "wall_s": now - t_start,
-                "evals_per_s": (evals - wf.evaluations(gen_prev)) / max(now - t_prev, 1e-12),
-            }
-            t_prev, gen_prev = now, b.generation
-            if metrics is not None:
-                metrics.write(json.dumps(rec) + "\n")
-                metrics.flush()
-            report.boundary(rec)
-            if b.generation == cfg.run.generations:
-                final = state_digest(state), jax.device_get(state.best_x)
+        stop.install()
+        if loaded is None:
+            state, part = wf.start(cfg.run.seed)
+            history.append(part)
+            gen = 1
+        else:
+            state = loaded.state
+            history.append(loaded.history)
+            gen = start_gen
+            check_replicas(ctx, wf.fingerprint(state), gen)
+        while True:
+            # -- a boundary: every rank is at generation `gen` with the same state -----------
+            # (A resumed run's first boundary was logged before its checkpoint was written.)
+            if (gen % log_every == 0 or gen == G) and not (loaded and gen == start_gen):
+                check_replicas(ctx, wf.fingerprint(state), gen)
+                now = time.perf_counter()
+                last = jax.device_get(state.last)
+                evals = wf.evaluations(gen)
+                rec = {
+                    "generation": gen,
+                    "evaluations": evals,
+                    "best": float(state.best_f),
+                    "gen_best": float(last[0]),
+                    "gen_mean": float(last[1]),
+                    "gen_std": float(last[2]),
+                    "nonfinite": int(state.nonfinite),
+                    "wall_s": now - t_start,
+                    "evals_per_s": (evals - wf.evaluations(gen_prev)) / max(now - t_prev, 1e-12),
+                }
+                t_prev, gen_prev = now, gen
+                if metrics is not None:
+                    metrics.write(json.dumps(rec) + "\n")
+                    metrics.flush()
+                report.boundary(rec)
+            time_due = bool(ck.every_seconds) and time.monotonic() - last_ckpt_time >= ck.every_seconds
+            signum, late, time_due, neg_chunk = agree_max(
+                ctx, [stop.signum, stop_at.due(), time_due, -chunk])
+            stop_now = gen < G and bool(signum or late)
+            if gen != last_ckpt_gen and (
+                stop_now or time_due or (ck.every and gen % ck.every == 0) or (gen == G and ck.final)
+            ):
+                t = time.perf_counter()
+                snap = checkpoint.Snapshot(gen, wf.evaluations(gen), cfg.run.seed, config_text,
+                                           state, history.view(), algorithm.num_init, algorithm.num_ask)
+                try:
+                    last_ckpt_path = checkpoint.write(ctx, ckdir, snap, keep=ck.keep, keep_every=ck.keep_every)
+                except CheckpointError as e:
+                    raise CheckpointError(
+                        f"{e}. The checkpoints written before are intact (newest: "
+                        f"{last_ckpt_path or 'none yet'}); free space or fix the directory, then --resume"
+                    ) from None
+                dt = time.perf_counter() - t
+                ckpt_seconds += dt
+                stop_at.note_checkpoint(dt)
+                last_ckpt_gen, last_ckpt_time = gen, time.monotonic()
+                report.line(f"checkpoint {last_ckpt_path.name} written in {dt:.2f} s", progress=True)
+            if gen >= G:
+                break
+            if stop_now:
+                stopped_by = stop_signal_name(signum) if signum else "the deadline"
+                break
+            target = min((gen // log_every + 1) * log_every, G, gen - int(neg_chunk))
+            if ck.every:
+                target = min(target, (gen // ck.every + 1) * ck.every)
+            t = time.perf_counter()
+            state, part = wf.advance(state, target - gen)
+            dt = time.perf_counter() - t
+            history.append(part)
+            stop_at.note_chunk(dt)
+            # Next chunk's length: about DISPATCH_TARGET_S of work (agreed above as a minimum over
+            # ranks, so every rank cuts the run at the same generations).
+            chunk = int(max(1, min(MAX_CHUNK, DISPATCH_TARGET_S * (target - gen) / max(dt, 1e-9))))
+            gen = target
+        final = state_digest(state), jax.device_get(state.best_x), float(state.best_f), int(state.nonfinite)
     finally:
+        stop.uninstall()
         report.close()
         if metrics is not None:
             metrics.close()
     wall = time.perf_counter() - t_start
-    digest, best_x = final
-    evals = wf.evaluations(cfg.run.generations)
+    digest, best_x, best, nonfinite = final
+    evals = wf.evaluations(gen)
     summary = {
         "name": cfg.run.name,
+        "status": "stopped" if stopped_by else "complete",
         "algorithm": cfg.algorithm.name,
         "problem": cfg.problem.name,
         "dim": problem.dim,
@@ -228,21 +428,56 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, qu
         "dtype": cfg.run.dtype,
         "best_fitness": best,
         "best_solution": [float(v) for v in best_x],
-        "generations": cfg.run.generations,
+        "generations": gen,
         "evaluations": evals,
         "nonfinite_evaluations": nonfinite,
         "batch_size_exact": exact,
+        "resumed_from": start_gen or None,
+        "checkpoint": str(last_ckpt_path) if last_ckpt_path else None,
         "wall_s": wall,
         "compile_s": compile_s,
-        "evals_per_s": evals / max(wall, 1e-12),
+        "checkpoint_s": ckpt_seconds,
+        "evals_per_s": (evals - wf.evaluations(start_gen)) / max(wall, 1e-12),
         "ranks": ctx.size,
         "device": ctx.device_kind,
         "state_digest": digest,
         "versions": versions(),
     }
+    if stopped_by:
+        report.line(
+            f"stopped by {stopped_by} at generation {gen} of {G}; checkpoint {last_ckpt_path}. "
+            f"Continue with: hpcevo run CONFIG --resume  (exit code {EXIT_STOPPED})"
+        )
+        return summary
     if ctx.is_root:
         tmp = out / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, out / "summary.json")
     report.line(f"done: best fitness {best:.10e} after {evals} evaluations in {wall:.2f} s  ({out / 'summary.json'})")
     return summary
+
+
+def _deadline(ctx: ParallelContext, cfg: RunConfig, cli_value: str | None, now: float) -> Deadline:
+    """The earliest of --deadline, checkpoint.deadline and the scheduler's end time (rank 0's
+    reading of them, broadcast: every rank must stop at the same generation)."""
+    found: tuple[float, str] | None = None
+    error: BaseException | None = None
+    if ctx.is_root:
+        candidates = []
+        try:
+            if cli_value is not None:
+                candidates.append((parse_deadline(cli_value, now), f"--deadline {cli_value}"))
+        except ValueError as e:
+            error = UsageError(f"--deadline: {e}")
+        if cfg.checkpoint.deadline is not None:
+            candidates.append((parse_deadline(cfg.checkpoint.deadline, now),
+                               f"checkpoint.deadline = {cfg.checkpoint.deadline!r}"))
+        end = scheduler_end_time()
+        if end is not None:
+            candidates.append((end, "the batch job's end time"))
+        found = min(candidates) if candidates else None
+    error = agree_on_error(ctx, error)
+    if error is not None:
+        raise error
+    found = bcast_from_root(ctx, found)
+    return Deadline(found[0] if found else None, cfg.checkpoint.margin_seconds, found[1] if found else "")

@@ -30,9 +30,25 @@ class LoopState(NamedTuple):
     last: jax.Array  # (3,) best, mean, std of the latest generation's batch (finite values)
 
 
+class History(NamedTuple):
+    """One entry per generation of a dispatch (the first ``n`` of ``MAX_CHUNK`` rows are valid)."""
+
+    best: jax.Array  # best fitness seen so far
+    gen_best: jax.Array  # best / mean / std of the generation's finite fitness values
+    gen_mean: jax.Array
+    gen_std: jax.Array
+    nonfinite: jax.Array  # int32: NaN or infinite fitness values in the generation
+
+
+# Generations per dispatch at most: the length of the on-device history buffer. The host wakes
+# at least this often, which also bounds how long a stop signal waits to be acted on.
+MAX_CHUNK = 256
+
+
 class Boundary(NamedTuple):
     generation: int
     state: LoopState
+    history: dict[str, np.ndarray]  # per generation since the previous boundary
 
 
 def _batch_stats(fitness: jax.Array) -> jax.Array:
@@ -77,6 +93,8 @@ def state_digest(tree: Any) -> str:
 class Workflow:
     """Compiles and runs one algorithm on one problem over the ranks of ``ctx``."""
 
+    history_fields = History._fields  # the per-generation series a run keeps (and checkpoints)
+
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
                  microbatch: int | None = None, batch_size: int | None = None,
                  with_generation: bool = False):
@@ -91,7 +109,7 @@ class Workflow:
         # Which micro-batches this rank evaluates travels as data, not as a compile-time
         # constant, so every rank at every rank count compiles the same program.
         self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))
-        self._first = jax.jit(self._first_generation)
+        self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
         self._fingerprint = jax.jit(fingerprint)
 
@@ -135,26 +153,56 @@ class Workflow:
         algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         return self._record(state, candidates, raw, algo)
 
-    def _run_chunk(self, state: LoopState, n: jax.Array, shards) -> LoopState:
-        return lax.fori_loop(0, n, lambda _, s: self._generation(s, shards), state)
+    @staticmethod
+    def _history_row(before: LoopState, after: LoopState) -> tuple:
+        return (after.best_f, after.last[0], after.last[1], after.last[2],
+                after.nonfinite - before.nonfinite)
+
+    def _run_chunk(self, state: LoopState, n: jax.Array, shards) -> tuple[LoopState, History]:
+        dtype = state.best_f.dtype
+        buf = History(*(jnp.zeros((MAX_CHUNK,), dtype) for _ in range(4)), jnp.zeros((MAX_CHUNK,), jnp.int32))
+
+        def body(i, carry):
+            s, h = carry
+            s2 = self._generation(s, shards)
+            row = self._history_row(s, s2)
+            return s2, History(*(col.at[i].set(v) for col, v in zip(h, row)))
+
+        return lax.fori_loop(0, n, body, (state, buf))
+
+    def _first_with_history(self, key: jax.Array, shards) -> tuple[LoopState, History]:
+        state = self._first_generation(key, shards)
+        row = self._history_row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
+        return state, History(*(jnp.reshape(v, (1,)) for v in row))
 
     # -- host API ------------------------------------------------------------------------------
-    def start(self, seed: int) -> LoopState:
+    def start(self, seed: int) -> tuple[LoopState, dict[str, np.ndarray]]:
         """Initialise from the seed and run generation 1 (the initial population's evaluation)."""
-        return self._first(jax.random.PRNGKey(seed), self._shards)
+        state, hist = self._first(jax.random.PRNGKey(seed), self._shards)
+        return state, _host_history(hist, 1)
 
-    def advance(self, state: LoopState, n: int) -> LoopState:
-        """Run n more generations in one dispatch. ``state`` is donated: do not reuse it."""
-        return self._chunk(state, jnp.asarray(n, jnp.int32), self._shards)
+    def advance(self, state: LoopState, n: int) -> tuple[LoopState, dict[str, np.ndarray]]:
+        """Run n (<= MAX_CHUNK) more generations in one dispatch; return the state and their
+        history. ``state`` is donated: do not reuse it."""
+        if not 1 <= n <= MAX_CHUNK:
+            raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
+        state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self._shards)
+        return state, _host_history(hist, n)
+
+    def template(self, seed: int = 0) -> LoopState:
+        """The shapes and dtypes of the loop state (no computation): what a checkpoint must hold."""
+        return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self._shards)
 
     def fingerprint(self, state: LoopState) -> np.ndarray:
         return np.asarray(self._fingerprint(state))
 
-    def compile(self, seed: int) -> None:
-        """Compile both entry points ahead of time, so the first timed chunk is not compile time."""
+    def compile(self, seed: int, first: bool = True) -> None:
+        """Compile the entry points ahead of time, so the first timed chunk is not compile time.
+        ``first=False`` skips generation 1's program (a resumed run never runs it)."""
         key = jax.random.PRNGKey(seed)
-        self._first.lower(key, self._shards).compile()
-        shapes = jax.eval_shape(self._first, key, self._shards)
+        if first:
+            self._first.lower(key, self._shards).compile()
+        shapes = self.template(seed)
         self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self._shards).compile()
         self._fingerprint.lower(shapes).compile()
 
@@ -165,20 +213,39 @@ class Workflow:
         return self.algorithm.num_init + (generation - 1) * self.algorithm.num_ask
 
     def run(self, seed: int, generations: int, every: int, state: LoopState | None = None) -> Iterator[Boundary]:
-        """Yield the state at every multiple of ``every`` and at the end.
+        """Yield the state at every multiple of ``every`` and at the end: the loop for library
+        use (the runner drives ``start``/``advance`` itself, adding checkpoints and signals).
 
         A yielded state is valid until the next iteration resumes the generator (its buffers are
         donated to the next chunk): read what you need from it before asking for the next one.
         """
+        parts: list[dict[str, np.ndarray]] = []
         if state is None:
-            state = self.start(seed)
+            state, hist = self.start(seed)
             done = 1
+            parts.append(hist)
             if done % every == 0 or done == generations:
-                yield Boundary(done, state)
+                yield Boundary(done, state, concat_history(parts))
+                parts = []
         else:
             done = int(state.generation)
         while done < generations:
-            target = min((done // every + 1) * every, generations)
-            state = self.advance(state, target - done)
+            target = min((done // every + 1) * every, generations, done + MAX_CHUNK)
+            state, hist = self.advance(state, target - done)
+            parts.append(hist)
             done = target
-            yield Boundary(done, state)
+            if done % every == 0 or done == generations:
+                yield Boundary(done, state, concat_history(parts))
+                parts = []
+
+
+def _host_history(hist: History, n: int) -> dict[str, np.ndarray]:
+    host = jax.device_get(hist)
+    return {k: np.asarray(v[:n]) for k, v in zip(History._fields, host)}
+
+
+def concat_history(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Join per-dispatch histories in order (an empty list gives empty arrays)."""
+    if not parts:
+        return {k: np.zeros((0,), np.int32 if k == "nonfinite" else np.float64) for k in History._fields}
+    return {k: np.concatenate([p[k] for p in parts]) for k in History._fields}

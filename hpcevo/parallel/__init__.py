@@ -1,12 +1,22 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
 
 from .context import ParallelContext, bind, context_for, discover, mpi_library
-from .control import agree_on_error, barrier, bcast_from_root, check_replicas, gather_to_root
+from .control import (
+    agree_max,
+    agree_on_error,
+    allgather_obj,
+    barrier,
+    bcast_from_root,
+    check_replicas,
+    gather_to_root,
+)
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 
 __all__ = [
     "ParallelContext",
+    "agree_max",
     "agree_on_error",
+    "allgather_obj",
     "barrier",
     "bcast_from_root",
     "bind",

@@ -57,6 +57,26 @@ def check_replicas(ctx: ParallelContext, fingerprint: np.ndarray, generation: in
         )
 
 
+def agree_max(ctx: ParallelContext, values) -> np.ndarray:
+    """Element-wise maximum over ranks of a small int64 vector: one Allreduce.
+
+    Lets ranks turn local, possibly different, observations (a signal arrived here, my clock says
+    the deadline is near) into one decision that every rank takes at the same generation.
+    """
+    mine = np.ascontiguousarray(values, dtype=np.int64)
+    if ctx.size == 1:
+        return mine.copy()
+    from mpi4py import MPI
+
+    out = np.empty_like(mine)
+    ctx.comm_ctl.Allreduce(mine, out, op=MPI.MAX)
+    return out
+
+
+def allgather_obj(ctx: ParallelContext, obj: Any) -> list[Any]:
+    return ctx.comm_ctl.allgather(obj) if ctx.size > 1 else [obj]
+
+
 def gather_to_root(ctx: ParallelContext, obj: Any) -> list[Any] | None:
     return ctx.comm_ctl.gather(obj, root=0) if ctx.size > 1 else [obj]
 

@@ -1,0 +1,298 @@
+"""Checkpoints in-process, at whatever rank count the suite runs: format, checksums, atomic
+publish, failed writes, resume equivalence, stop agreement. Launcher-level scenarios (SIGKILL,
+SIGUSR1 to mpiexec, truncation, unwritable directory) are in test_survive.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcevo import checkpoint
+from hpcevo.config import config_from_dict, resume_conflicts
+from hpcevo.errors import CheckpointError, UsageError
+from hpcevo.parallel import context_for
+from hpcevo.runner import execute
+from hpcevo.stopping import Deadline, StopFlag, parse_deadline
+
+
+def tree(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "big": rng.standard_normal((3001, 37)).astype(np.float32),  # many blocks when blocks are small
+        "f64": rng.standard_normal((5, 2)),
+        "ints": np.arange(7, dtype=np.int32),
+        "key": np.asarray(jax.random.PRNGKey(seed)),  # legacy uint32 key
+        "flag": np.array(True),
+        "scalar": np.float32(3.5),
+        "empty": np.zeros((0, 4), np.float32),
+    }
+
+
+def snapshot(state, generation=10):
+    hist = {k: np.arange(generation, dtype=np.float64) for k in checkpoint.HISTORY_FIELDS}
+    hist["nonfinite"] = np.zeros(generation, np.int32)
+    return checkpoint.Snapshot(generation, 100 + generation, 7, "[run]\nname = 'x'\n", state, hist, 20, 10)
+
+
+def template_of(state):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), state)
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    # Blocks of ~4 KiB and splitting from 8 KiB up: every rank writes part of "big".
+    monkeypatch.setattr(checkpoint, "CRC_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(checkpoint, "SPLIT_MIN_BYTES", 8192)
+
+
+def assert_same(a, b):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+def test_roundtrip_is_bitwise_and_split_between_ranks(ctx, shared_tmp, small_blocks):
+    state = tree()
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    assert path.name == "gen-000000010.h5"
+    assert not list(shared_tmp.glob(".*partial"))
+    loaded = checkpoint.load(ctx, path, template_of(state))
+    assert_same(loaded.state, state)
+    assert loaded.header.generation == 10 and loaded.header.ranks == ctx.size
+    assert loaded.header.evaluations == 110 and loaded.header.num_init == 20
+    assert list(loaded.history["best"]) == list(range(10))
+    if ctx.is_root:
+        report = checkpoint.verify_file(path)
+        assert report.problem is None, report.problem
+    # The same file read on one rank alone (a resume at another rank count) gives the same state.
+    alone = checkpoint.load(context_for(MPI.COMM_SELF), path, template_of(state))
+    assert_same(alone.state, state)
+
+
+def test_typed_prng_key_roundtrip(ctx, shared_tmp):
+    state = {"key": jax.random.key(3), "x": jnp.ones(4)}
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    loaded = checkpoint.load(ctx, path, jax.eval_shape(lambda: state))
+    assert jax.dtypes.issubdtype(loaded.state["key"].dtype, jax.dtypes.prng_key)
+    assert np.array_equal(jax.random.key_data(loaded.state["key"]), jax.random.key_data(state["key"]))
+    # and it draws the same numbers
+    assert np.array_equal(jax.random.uniform(loaded.state["key"], (3,)), jax.random.uniform(state["key"], (3,)))
+
+
+def test_flipped_bit_is_found_on_every_rank(ctx, shared_tmp, small_blocks):
+    import h5py
+
+    state = tree()
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    if ctx.is_root:
+        with h5py.File(path, "r") as f:
+            offset = f["state/big"].id.get_offset()
+        with open(path, "r+b") as fh:  # one bit, deep inside the last rank's share of "big"
+            fh.seek(offset + state["big"].nbytes - 100)
+            byte = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([byte[0] ^ 0x10]))
+    ctx.comm_ctl.Barrier()
+    with pytest.raises(checkpoint.CheckpointDamaged, match="checksum mismatch in '/state/big'"):
+        checkpoint.load(ctx, path, template_of(state))
+    if ctx.is_root:
+        assert "checksum mismatch" in checkpoint.verify_file(path).problem
+
+
+def test_truncated_file_is_damaged_not_a_crash(ctx, shared_tmp):
+    state = tree()
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    if ctx.is_root:
+        os.truncate(path, path.stat().st_size // 2)
+    ctx.comm_ctl.Barrier()
+    with pytest.raises(checkpoint.CheckpointDamaged):
+        checkpoint.read_header(ctx, path)
+    with pytest.raises(checkpoint.CheckpointDamaged):
+        checkpoint.load(ctx, path, template_of(state))
+
+
+def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_tmp, small_blocks, monkeypatch):
+    state = tree()
+    good = checkpoint.write(ctx, shared_tmp, snapshot(state, 10))
+    before = good.read_bytes() if ctx.is_root else None
+    real_crc = checkpoint._crc
+
+    def failing_crc(arr, rows, block):
+        if ctx.rank == ctx.size - 1:
+            raise OSError(28, "No space left on device")
+        return real_crc(arr, rows, block)
+
+    monkeypatch.setattr(checkpoint, "_crc", failing_crc)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        checkpoint.write(ctx, shared_tmp, snapshot(state, 20))
+    monkeypatch.undo()
+    ctx.comm_ctl.Barrier()
+    if ctx.is_root:
+        assert sorted(p.name for p in shared_tmp.iterdir()) == ["gen-000000010.h5"]  # no partial left
+        assert good.read_bytes() == before
+        assert checkpoint.verify_file(good).problem is None
+
+
+def test_retention_keeps_newest_and_every_mth(tmp_path):
+    for g in (100, 200, 300, 400, 500, 600):
+        (tmp_path / checkpoint.file_name(g)).write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("untouched")
+    checkpoint.prune(tmp_path, keep=2, keep_every=200)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gen-000000200.h5", "gen-000000400.h5", "gen-000000500.h5", "gen-000000600.h5", "notes.txt"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)][:2] == ["gen-000000600.h5", "gen-000000500.h5"]
+
+
+# -- the runner: resume, conflicts, stops --------------------------------------------------------
+BASE = {
+    "run": {"name": "ck", "seed": 3, "generations": 40},
+    "algorithm": {"name": "cso", "pop_size": 13},
+    "problem": {"name": "rastrigin", "dim": 6},
+    "log": {"every": 10, "progress": "lines"},
+    "checkpoint": {"every": 10, "keep": 2, "every_seconds": 0},
+}
+
+
+def cfg_for(out: Path, **sets):
+    data = json.loads(json.dumps(BASE))
+    data["run"]["out"] = str(out)
+    for key, value in sets.items():
+        section, name = key.split("__")
+        data.setdefault(section, {})[name] = value
+    return config_from_dict(data)
+
+
+def test_resume_equals_uninterrupted_at_another_rank_count(ctx, shared_tmp):
+    whole = execute(ctx, cfg_for(shared_tmp / "whole"), quiet=True)
+    # First part on this job's ranks, stopped at generation 20 by the config...
+    first = execute(ctx, cfg_for(shared_tmp / "split", run__generations=20), quiet=True)
+    assert first["status"] == "complete" and first["generations"] == 20
+    # ...continued on one rank alone (rank 0; a different rank count whenever size > 1).
+    if ctx.is_root:
+        rest = execute(context_for(MPI.COMM_SELF), cfg_for(shared_tmp / "split"), resume=True, quiet=True)
+        assert rest["resumed_from"] == 20 and rest["generations"] == 40
+        assert rest["state_digest"] == whole["state_digest"]
+        assert rest["best_fitness"] == whole["best_fitness"]
+        gens = [json.loads(x)["generation"] for x in (shared_tmp / "split" / "metrics.jsonl").read_text().splitlines()]
+        assert gens == [10, 20, 30, 40]
+        # The history in the final checkpoint is per generation and equals the uninterrupted one.
+        a = checkpoint.read_history(shared_tmp / "whole" / "checkpoints" / "gen-000000040.h5")
+        b = checkpoint.read_history(shared_tmp / "split" / "checkpoints" / "gen-000000040.h5")
+        assert len(a["best"]) == 40
+        for k in checkpoint.HISTORY_FIELDS:
+            assert a[k].tobytes() == b[k].tobytes(), k
+    ctx.comm_ctl.Barrier()
+
+
+def test_resume_refuses_a_changed_computation(ctx, shared_tmp):
+    execute(ctx, cfg_for(shared_tmp / "r", run__generations=10), quiet=True)
+    with pytest.raises(UsageError) as e:
+        execute(ctx, cfg_for(shared_tmp / "r", algorithm__pop_size=14), resume=True, quiet=True)
+    assert "algorithm.pop_size: checkpoint has 13, this run has 14" in str(e.value)
+    # and without --resume an existing run is never overwritten silently
+    with pytest.raises(UsageError, match="--resume"):
+        execute(ctx, cfg_for(shared_tmp / "r"), quiet=True)
+
+
+def test_resume_conflicts_allow_what_keeps_the_state_meaningful(tmp_path):
+    from hpcevo.config import dump_config
+
+    cfg = cfg_for(tmp_path)
+    text = dump_config(cfg)
+    assert resume_conflicts(text, cfg_for(tmp_path / "elsewhere", run__generations=999, log__every=7,
+                                          checkpoint__every=3)) == []
+    got = resume_conflicts(text, cfg_for(tmp_path, run__seed=4, problem__dim=7, algorithm__phi=0.2))
+    assert got == [
+        "algorithm.phi: checkpoint has 0.1, this run has 0.2",
+        "problem.dim: checkpoint has 6, this run has 7",
+        "run.seed: checkpoint has 3, this run has 4",
+    ]
+
+
+class OneRankSignalled(StopFlag):
+    """Only the last rank 'receives' SIGUSR1, right away: the others must learn it and stop at the
+    same generation."""
+
+    def install(self):
+        super().install()
+        if MPI.COMM_WORLD.rank == MPI.COMM_WORLD.size - 1:
+            self.signum = signal.SIGUSR1
+        return self
+
+
+def test_a_signal_on_one_rank_stops_all_with_a_checkpoint(ctx, shared_tmp, monkeypatch):
+    import hpcevo.runner as runner
+
+    monkeypatch.setattr(runner, "StopFlag", OneRankSignalled)
+    out = shared_tmp / "sig"
+    s = execute(ctx, cfg_for(out, run__generations=1000), quiet=True)
+    assert s["status"] == "stopped" and s["generations"] == 1  # agreed at the first boundary
+    assert ctx.comm_ctl.allgather(s["state_digest"]) == [s["state_digest"]] * ctx.size
+    assert not (out / "summary.json").exists()
+    monkeypatch.undo()
+    # the stop checkpoint resumes to the same end as a run never stopped
+    done = execute(ctx, cfg_for(out), resume=True, quiet=True)
+    whole = execute(ctx, cfg_for(shared_tmp / "whole"), quiet=True)
+    assert done["status"] == "complete" and done["state_digest"] == whole["state_digest"]
+
+
+def test_deadline_inside_the_margin_stops_with_a_checkpoint(ctx, shared_tmp):
+    out = shared_tmp / "late"
+    # 10 minutes left but a 1-hour margin: due at the first boundary, on every rank.
+    s = execute(ctx, cfg_for(out, run__generations=1000, checkpoint__margin_seconds=3600.0), quiet=True,
+                deadline="10m")
+    assert s["status"] == "stopped" and s["generations"] == 1
+    assert Path(s["checkpoint"]).name == checkpoint.file_name(1)
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["gen-000000001.h5"]
+
+
+def test_deadline_parsing():
+    now = 1_000_000.0
+    assert parse_deadline(90, now) == now + 90
+    assert parse_deadline("90m", now) == now + 5400
+    assert parse_deadline("1.5h", now) == now + 5400
+    assert parse_deadline("01:30:00", now) == now + 5400
+    assert parse_deadline("1-00:00:10", now) == now + 86410
+    assert parse_deadline("30:00", now) == now + 1800  # MM:SS as Slurm writes short limits
+    assert parse_deadline("2026-11-23T18:00:00+00:00", now) == 1795456800.0
+    for bad in ("soon", "-5", 0, True):
+        with pytest.raises(ValueError):
+            parse_deadline(bad, now)
+
+
+def test_deadline_leaves_room_for_a_chunk_and_a_checkpoint():
+    d = Deadline(at=1000.0, margin=60.0)
+    assert not d.due(now=900.0)
+    d.note_chunk(10.0)
+    d.note_checkpoint(15.0)
+    assert not d.due(now=889.0)  # 111 s left > 60 + 2 * 25
+    assert d.due(now=891.0)
+    assert not Deadline(None, 60.0).due()
+
+
+def test_stop_flag_records_the_first_signal_and_second_sigint_interrupts():
+    with StopFlag() as flag:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert flag.signum == signal.SIGUSR1
+    with StopFlag() as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert flag.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

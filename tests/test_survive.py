@@ -1,0 +1,282 @@
+"""Surviving what batch jobs meet, end to end with real launchers and real signals: a rank killed
+with SIGKILL, the scheduler's warning signal, a truncated checkpoint, a checkpoint directory that
+stops being writable, a resume that would change the experiment.
+
+Marked `launcher`: run from a plain `python -m pytest -m launcher`, not under mpiexec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcevo import checkpoint
+
+from test_launcher import MPIEXEC, clean_env
+
+pytestmark = pytest.mark.launcher
+
+CONFIG = """
+[run]
+name = "survive"
+seed = 11
+generations = {generations}
+
+[algorithm]
+name = "cso"
+pop_size = 64
+
+[problem]
+name = "rastrigin"
+dim = 12
+
+[log]
+every = 50
+progress = "lines"
+
+[checkpoint]
+every = {every}
+every_seconds = 0
+keep = 3
+"""
+
+
+def write_config(tmp: Path, generations: int = 1_000_000, every: int = 100) -> Path:
+    path = tmp / "run.toml"
+    path.write_text(CONFIG.format(generations=generations, every=every))
+    return path
+
+
+def cmd(n: int | None, *args: str) -> list[str]:
+    base = [sys.executable, "-m", "hpcevo", *args]
+    return [MPIEXEC, "-n", str(n), *base] if n else base
+
+
+def run(n: int | None, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd(n, *args), capture_output=True, text=True, timeout=timeout, env=clean_env())
+
+
+def start(n: int, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(cmd(n, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), start_new_session=True)
+
+
+def wait_for_checkpoints(ckdir: Path, count: int, proc: subprocess.Popen, timeout: float = 240) -> list[Path]:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        found = checkpoint.list_checkpoints(ckdir)
+        if len(found) >= count:
+            return found
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early ({proc.returncode}): {proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError(f"no {count} checkpoints in {ckdir} after {timeout} s")
+
+
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{rank: pid} of the hpcevo processes started under a launcher (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    ranks, todo = {}, [launcher_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"hpcevo" in cmdline:
+                for kv in env:
+                    if kv.startswith(b"PMI_RANK="):
+                        ranks[int(kv.split(b"=", 1)[1])] = child
+    return ranks
+
+
+def digest(run_dir: Path) -> str:
+    return json.loads((run_dir / "summary.json").read_text())["state_digest"]
+
+
+def uninterrupted(tmp: Path, generations: int) -> str:
+    out = tmp / f"whole-{generations}"
+    r = run(None, "run", str(write_config(tmp, generations)), "--set", f"run.out={out}", "-q")
+    assert r.returncode == 0, r.stderr
+    return digest(out)
+
+
+def test_sigkill_of_one_rank_ends_the_job_and_a_2_rank_resume_matches_1_rank(tmp_path):
+    cfg, out = write_config(tmp_path), tmp_path / "run"
+    proc = start(3, "run", str(cfg), "--set", f"run.out={out}", "-q")
+    try:
+        wait_for_checkpoints(out / "checkpoints", 2, proc)
+        pids = {}
+        for _ in range(100):
+            pids = rank_pids(proc.pid)
+            if len(pids) == 3:
+                break
+            time.sleep(0.05)
+        assert sorted(pids) == [0, 1, 2], pids
+        t_kill = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        proc.wait(timeout=60)
+        ended_after = time.monotonic() - t_kill
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert ended_after < 30, f"the job took {ended_after:.1f} s to end after a rank died"
+    assert not (out / "summary.json").exists()
+    newest = checkpoint.list_checkpoints(out / "checkpoints")[0]
+    report = checkpoint.verify_file(newest)
+    assert report.problem is None, report.problem
+    # Resume at 2 ranks to a target past the newest checkpoint; compare with 1 rank uninterrupted.
+    target = report.header.generation + 150
+    r = run(2, "run", str(cfg), "--set", f"run.out={out}", "--set", f"run.generations={target}", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming from '{newest}'" in r.stdout and f"generation {report.header.generation}" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"] == 2 and summary["resumed_from"] == report.header.generation
+    assert summary["state_digest"] == uninterrupted(tmp_path, target)
+
+
+def test_sigusr1_to_the_launcher_checkpoints_exits_75_and_resumes_exactly(tmp_path):
+    cfg, out = write_config(tmp_path), tmp_path / "run"
+    proc = start(3, "run", str(cfg), "--set", f"run.out={out}")
+    try:
+        wait_for_checkpoints(out / "checkpoints", 2, proc)
+        proc.send_signal(signal.SIGUSR1)  # to mpiexec, which forwards it to every rank
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, stderr
+    assert stdout.count("stopped by SIGUSR1 at generation") == 1
+    stopped_at = int(stdout.split("stopped by SIGUSR1 at generation")[1].split()[0])
+    newest = checkpoint.list_checkpoints(out / "checkpoints")[0]
+    assert newest.name == checkpoint.file_name(stopped_at)
+    assert checkpoint.verify_file(newest).problem is None
+    target = stopped_at + 150
+    r = run(3, "resume", str(out), "--set", f"run.generations={target}")
+    assert r.returncode == 0, r.stderr
+    assert digest(out) == uninterrupted(tmp_path, target)
+
+
+def test_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path):
+    cfg, out = write_config(tmp_path, generations=300), tmp_path / "run"
+    assert run(2, "run", str(cfg), "--set", f"run.out={out}", "-q").returncode == 0
+    newest, previous = checkpoint.list_checkpoints(out / "checkpoints")[:2]
+    assert (newest.name, previous.name) == ("gen-000000300.h5", "gen-000000200.h5")
+    os.truncate(newest, newest.stat().st_size // 2)
+    r = run(2, "run", str(cfg), "--set", f"run.out={out}", "--set", "run.generations=400", "--resume")
+    assert r.returncode == 0, r.stderr
+    assert f"checkpoint '{newest}' is damaged" in r.stderr and "trying the one before it" in r.stderr
+    assert r.stderr.count("is damaged") == 1  # reported once, by rank 0
+    assert f"resuming from '{previous}' (generation 200" in r.stdout
+    assert digest(out) == uninterrupted(tmp_path, 400)
+    # inspect shows both states
+    r = run(None, "inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "valid" in r.stdout and "gen-000000400.h5" in r.stdout
+
+
+def _can_mount() -> str:
+    if os.geteuid() != 0:
+        return ""
+    probe = Path(f"/tmp/hpcevo-mount-probe-{os.getpid()}")
+    probe.mkdir(exist_ok=True)
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe)],
+                            capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", str(probe)], capture_output=True)
+        return "mount" if ok else ""
+    finally:
+        probe.rmdir()
+
+
+@pytest.mark.parametrize("how", ["read-only", "full"])
+def test_checkpoint_directory_failing_mid_run_is_one_clear_error(tmp_path, how):
+    """The directory becomes read-only (or fills up) between two checkpoints: exit 4 with one
+    message naming the file and the reason, and the checkpoints already published stay valid."""
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    mounted = False
+    if _can_mount():
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(ckdir)], check=True)
+        mounted = True
+    elif how == "full" or os.geteuid() == 0:
+        pytest.skip("needs root with mount (tmpfs) to make a directory full or read-only for root")
+    cfg, out = write_config(tmp_path, every=50), tmp_path / "run"
+    proc = start(2, "run", str(cfg), "--set", f"run.out={out}", "--set", f"checkpoint.dir={ckdir}", "-q")
+    try:
+        wait_for_checkpoints(ckdir, 2, proc)
+        if how == "read-only":
+            if mounted:
+                while subprocess.run(["mount", "-o", "remount,ro", str(ckdir)], capture_output=True).returncode:
+                    time.sleep(0.01)  # busy while a checkpoint is being written: try again
+            else:
+                ckdir.chmod(0o555)
+        else:
+            with open(tmp_path / "dd.log", "w") as log:
+                subprocess.run(["dd", "if=/dev/zero", f"of={ckdir}/filler", "bs=64k"], stderr=log)
+        stdout, stderr = proc.communicate(timeout=120)
+        good = [p for p in checkpoint.list_checkpoints(ckdir)]
+        reports = [checkpoint.verify_file(p) for p in good]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if mounted:
+            subprocess.run(["umount", "-l", str(ckdir)], capture_output=True)
+        else:
+            ckdir.chmod(0o755)
+    assert proc.returncode == 4, stderr
+    reason = "Read-only file system" if mounted and how == "read-only" else (
+        "No space left on device" if how == "full" else "Permission denied")
+    assert stderr.count("hpcevo: error: cannot write checkpoint") == 1, stderr
+    assert reason in stderr and str(ckdir) in stderr
+    assert "Traceback" not in stderr
+    assert good and all(r.problem is None for r in reports), [r.problem for r in reports]
+
+
+def test_resume_with_a_changed_pop_size_exits_2_naming_both_values(tmp_path):
+    cfg, out = write_config(tmp_path, generations=100), tmp_path / "run"
+    assert run(2, "run", str(cfg), "--set", f"run.out={out}", "-q").returncode == 0
+    before = sorted(p.read_bytes() for p in (out / "checkpoints").iterdir())
+    r = run(2, "run", str(cfg), "--set", f"run.out={out}", "--set", "algorithm.pop_size=128", "--resume")
+    assert r.returncode == 2
+    assert r.stderr.count("hpcevo: error:") == 1 and "Traceback" not in r.stderr
+    assert "algorithm.pop_size: checkpoint has 64, this run has 128" in r.stderr
+    assert sorted(p.read_bytes() for p in (out / "checkpoints").iterdir()) == before  # nothing lost
+
+
+def test_inspect_and_plot(tmp_path):
+    cfg, out = write_config(tmp_path, generations=120, every=50), tmp_path / "run"
+    assert run(None, "run", str(cfg), "--set", f"run.out={out}", "-q").returncode == 0
+    r = run(None, "inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "cso (pop 64) on rastrigin (dim 12), seed 11, 120 generations" in r.stdout
+    assert "finished    generation 120" in r.stdout
+    assert r.stdout.count("valid (state") == 3  # gen 50, 100 and the final 120
+    single = run(None, "inspect", str(out / "checkpoints" / "gen-000000120.h5"))
+    assert "generation  120" in single.stdout and "valid: every checksum matches" in single.stdout
+    r = run(None, "plot", str(out))
+    assert r.returncode == 0, r.stderr
+    png = out / "convergence.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    bad = run(None, "inspect", str(tmp_path / "nowhere"))
+    assert bad.returncode == 2 and "not found" in bad.stderr
