@@ -126,6 +126,8 @@ class RunConfig(_Section):
         from .algorithms import ALGORITHMS
 
         d = self.model_dump(exclude_none=True)
+        if not d["problem"].get("args"):
+            d["problem"].pop("args", None)  # most problems take none
         algo_cls = ALGORITHMS[self.algorithm.name]
         for name, f in algo_cls.hyper_parameters().items():
             d["algorithm"].setdefault(name, f.default)

@@ -57,7 +57,7 @@ def test_matches_the_organisers_code(ctx):
 def _opfunu():
     """opfunu 1.0.4 imports pkg_resources, which setuptools >= 81 no longer ships: lend it the
     one function it uses, only when it is missing."""
-    if importlib.util.find_spec("pkg_resources") is None and "pkg_resources" not in sys.modules:
+    if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
         shim = types.ModuleType("pkg_resources")
         shim.resource_filename = lambda pkg, path: os.path.join(
             list(importlib.util.find_spec(pkg).submodule_search_locations)[0], path)
