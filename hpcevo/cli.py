@@ -10,6 +10,7 @@ with its rank before MPI_Abort ends the whole job.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import traceback
@@ -40,13 +41,56 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue the run in RUN_DIR from its newest valid checkpoint")
     resume.add_argument("run_dir", help="a run directory (holds config.toml)")
     _run_options(resume, resume=True)
-    sub.add_parser("info", help="what this job sees: MPI, ranks, hosts, devices, HDF5, versions")
+    info = sub.add_parser("info", help="what this job sees: MPI, ranks, hosts, binding, HDF5, versions")
+    info.add_argument("config", nargs="?", help="bind as this run config's [parallel] section asks")
+    info.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                      help="override a config key (repeatable)")
     inspect = sub.add_parser("inspect", help="what is in a run directory or checkpoint file, and whether it validates")
     inspect.add_argument("path", help="run directory, checkpoint directory or checkpoint file (.h5)")
     plot = sub.add_parser("plot", help="convergence picture of a run (PNG)")
     plot.add_argument("run_dir", help="run directory (or a checkpoint file)")
     plot.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/convergence.png)")
+    _jobs_parser(sub)
     return p
+
+
+def _jobs_parser(sub) -> None:
+    jobs = sub.add_parser("jobs", help="batch job scripts for Slurm and PBS Pro (no MPI needed)")
+    verbs = jobs.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    common = _Parser(add_help=False)
+    common.add_argument("scheduler", choices=("slurm", "pbs"))
+    common.add_argument("config", help="run config, TOML")
+    g = common.add_argument_group("resources")
+    g.add_argument("--nodes", type=int, default=1)
+    g.add_argument("--gpus-per-node", type=int, default=0, help="0 (default): CPU nodes")
+    g.add_argument("--ranks-per-node", type=int, help="default: one per GPU, or 1 on CPU nodes")
+    g.add_argument("--cpus-per-rank", type=int, help="CPU cores per rank (its thread count)")
+    g.add_argument("--ranks", type=int, help="total ranks, checked against nodes x ranks per node")
+    g.add_argument("--time", required=True, help="time limit: [D-]HH:MM:SS, HH:MM, 90m, 2h")
+    g.add_argument("--signal-margin", type=int, default=300, metavar="SECONDS",
+                   help="warning signal (Slurm) / deadline (PBS) this long before the limit")
+    g.add_argument("--account")
+    g.add_argument("--partition", help="Slurm")
+    g.add_argument("--qos", help="Slurm")
+    g.add_argument("--queue", help="PBS")
+    g = common.add_argument_group("job")
+    g.add_argument("--launcher", help="slurm: srun (default) | mpiexec; pbs: mpiexec (default) | pals")
+    g.add_argument("--srun-mpi", default="pmi2", help="srun --mpi plugin: pmi2 (default) | pmix")
+    g.add_argument("--launcher-args", default="", help="extra launcher arguments, one string")
+    g.add_argument("--seeds", help="job array for a seed sweep: FIRST-LAST[:STEP]; index = seed")
+    g.add_argument("--output", help="job log path (scheduler patterns allowed)")
+    g.add_argument("--job-name", help="default: run.name")
+    g.add_argument("--python", help="interpreter in the job (default: this one)")
+    g.add_argument("--workdir", help="directory the job runs in (default: where it is submitted)")
+    g.add_argument("--max-requeues", type=int, default=10)
+    g.add_argument("--prologue", action="append", default=[], metavar="LINE",
+                   help="site set-up line, e.g. 'module load cuda' (repeatable)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config key in the job's run (repeatable)")
+    render = verbs.add_parser("render", parents=[common], help="write a ready-to-submit job script")
+    render.add_argument("-o", dest="out", help="write to this file (default: stdout)")
+    submit = verbs.add_parser("submit", parents=[common], help="render, then sbatch/qsub; print the job id")
+    submit.add_argument("-o", dest="out", help="script file (default: <job name>.sbatch or .pbs here)")
 
 
 def _run_options(p: argparse.ArgumentParser, resume: bool) -> None:
@@ -63,28 +107,38 @@ def _run_options(p: argparse.ArgumentParser, resume: bool) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
 
 
-def _run(ctx, args) -> int:
-    from .config import load_config
-    from .errors import EXIT_STOPPED
+def _load_and_bind(ctx, source):
+    """Read the config that ``source()`` names (path, overrides; no path: defaults) and bind
+    this rank as its [parallel] section asks. Every rank takes the same exit when that fails on
+    some of them (a missing file on one node, a node with fewer GPUs)."""
+    from .config import ParallelSection, load_config
     from .parallel import agree_on_error, bind
-    from .runner import execute, run_config_path
 
-    error = None
+    cfg, error = None, None
     try:
-        overrides = args.overrides
-        if args.command == "resume":
-            path = run_config_path(args.run_dir)
-            # The run stays where it is, wherever it is resumed from.
-            overrides = [f"run.out={json.dumps(str(args.run_dir))}", *overrides]
-        else:
-            path = args.config
-        cfg = load_config(path, overrides)
-        bind(ctx, cfg.parallel.device, cfg.parallel.threads_per_rank)
+        path, overrides = source()
+        cfg = load_config(path, overrides) if path else None
+        par = cfg.parallel if cfg else ParallelSection()
+        bind(ctx, par.device, par.threads_per_rank, par.share_gpus)
     except UsageError as e:
         error = e
     error = agree_on_error(ctx, error)
     if error is not None:
         raise error
+    return cfg
+
+
+def _run(ctx, args) -> int:
+    from .errors import EXIT_STOPPED
+    from .runner import execute, run_config_path
+
+    def source():
+        if args.command == "resume":
+            # The run stays where it is, wherever it is resumed from.
+            return run_config_path(args.run_dir), [f"run.out={json.dumps(str(args.run_dir))}", *args.overrides]
+        return args.config, args.overrides
+
+    cfg = _load_and_bind(ctx, source)
     summary = execute(ctx, cfg, overwrite=getattr(args, "overwrite", False), resume=args.resume,
                       quiet=args.quiet, deadline=args.deadline)
     return EXIT_STOPPED if summary["status"] == "stopped" else 0
@@ -108,35 +162,65 @@ def _plot(ctx, args) -> int:
 
 def _info(ctx, args) -> int:
     from .info import describe, render
-    from .parallel import bind
 
-    bind(ctx)
+    _load_and_bind(ctx, lambda: (args.config, args.overrides))
     text = render(describe(ctx))
     if ctx.is_root:
         print(text)
     return 0
 
 
+def _jobs(ctx, args) -> int:
+    from pathlib import Path
+
+    from .jobs import render, request_from_args, submit
+
+    req = request_from_args(args, args.argv)
+    if args.verb == "render":
+        if args.out:
+            req = dataclasses.replace(req, script_path=args.out)
+        text = render(req)
+        if args.out:
+            Path(args.out).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    suffix = ".sbatch" if req.scheduler == "slurm" else ".pbs"
+    script = Path(args.out or f"{req.job_name or Path(req.config).stem}{suffix}")
+    print(submit(req, script))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from .errors import CheckpointError, DivergenceError
-    from .parallel import discover
 
-    ctx = discover()
-    _Parser.root = ctx.is_root
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    # Job scripts are written on login nodes, where MPI_Init may not work: no MPI for `jobs`.
+    ctx = None if argv_list[:1] == ["jobs"] else _discover()
+    _Parser.root = ctx is None or ctx.is_root
     try:
-        args = build_parser().parse_args(argv)
-        handler = {"run": _run, "resume": _run, "info": _info, "inspect": _inspect, "plot": _plot}
+        args = build_parser().parse_args(argv_list)
+        args.argv = argv_list
+        handler = {"run": _run, "resume": _run, "info": _info, "inspect": _inspect, "plot": _plot, "jobs": _jobs}
         return handler[args.command](ctx, args)
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except (UsageError, DivergenceError, CheckpointError) as e:
-        if ctx.is_root:
+        if ctx is None or ctx.is_root:
             print(f"hpcevo: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except BaseException:
+        if ctx is None:
+            raise
         prefix = f"[rank {ctx.rank}] "
         text = traceback.format_exc()
         sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip().splitlines()))
         sys.stderr.flush()
         ctx.abort(1)
         return 1
+
+
+def _discover():
+    from .parallel import discover
+
+    return discover()

@@ -74,6 +74,13 @@ class ParallelSection(_Section):
     # Rows per evaluation micro-batch; depends on the population size only, never on the rank
     # count (that is what keeps evaluation bitwise identical across rank counts). 0 = automatic.
     microbatch: int = Field(0, ge=0)
+    # JAX's persistent compilation cache, so a second launch of the same config skips compiling:
+    # "auto" = <run dir's parent>/.jax-cache, "off", or a directory. JAX_COMPILATION_CACHE_DIR in
+    # the environment takes precedence.
+    compile_cache: str = "auto"
+    # One rank per GPU is the layout hpcevo binds; more ranks than GPUs on a node is refused
+    # unless sharing them round-robin is asked for (see hpcevo/parallel/binding.py).
+    share_gpus: bool = False
 
 
 class CheckpointSection(_Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .parallel import ParallelContext, gather_to_root, mpi_library
+from .parallel import ParallelContext, cpu_list, gather_to_root, mpi_library
 
 
 def describe(ctx: ParallelContext) -> dict[str, Any] | None:
@@ -15,6 +15,8 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
 
     from .runner import versions
 
+    b = ctx.binding
+    affinity = sorted(os.sched_getaffinity(0))
     mine = {
         "rank": ctx.rank,
         "host": ctx.host,
@@ -22,8 +24,13 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
         "local_size": ctx.local_size,
         "local_rank_source": ctx.local_rank_source,
         "device": ctx.device,
+        "gpu_source": b.gpu_source if b else "",
+        "threads": b.threads if b else None,
         "jax_devices": [str(d) for d in jax.devices()],
-        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "cpu_affinity": cpu_list(affinity),
+        "cpus": len(affinity),
+        "cores": os.cpu_count(),
+        "notes": list(b.notes) if b else [],
     }
     ranks = gather_to_root(ctx, mine)
     if not ctx.is_root:
@@ -51,11 +58,18 @@ def render(info: dict[str, Any] | None) -> str:
         f"h5py MPI      {'yes' if info['h5py_mpi'] else 'NO (parallel checkpoints unavailable)'}",
         "versions      " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if k != "mpi"),
         "",
-        f"{'rank':>4}  {'host':<20} {'local':>5}  {'local rank from':<28} {'cpus':>4}  device / jax devices",
+        f"{'rank':>4}  {'host':<16} {'local':>5}  {'local rank from':<26} {'device':<16} "
+        f"{'threads':>7}  {'cpus (affinity)':<18} jax devices",
     ]
     for r in info["ranks"]:
+        device = r["device"].split(",")[0] + (f" ({r['gpu_source']})" if r["gpu_source"] else "")
+        threads = "-" if r["threads"] is None else str(r["threads"])
+        cpus = f"{r['cpus']}/{r['cores']}: {r['cpu_affinity']}"
         lines.append(
-            f"{r['rank']:>4}  {r['host']:<20} {r['local_rank']:>2}/{r['local_size']:<2}  "
-            f"{r['local_rank_source']:<28} {r['cpu_affinity']:>4}  {r['device']} / {', '.join(r['jax_devices'])}"
+            f"{r['rank']:>4}  {r['host']:<16} {r['local_rank']:>2}/{r['local_size']:<2}  "
+            f"{r['local_rank_source']:<26} {device:<16} {threads:>7}  {cpus:<18} {', '.join(r['jax_devices'])}"
         )
+    notes = [f"rank {r['rank']}: {n}" for r in info["ranks"] for n in r["notes"]]
+    if notes:
+        lines += ["", "notes:"] + [f"  {n}" for n in notes]
     return "\n".join(lines)

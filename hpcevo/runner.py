@@ -277,6 +277,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         jax.config.update("jax_enable_x64", True)
     from .workflow import MAX_CHUNK, Workflow, state_digest
 
+    cache_dir = enable_compile_cache(cfg)
     problem, algorithm, error = None, None, None
     try:  # a user's problem file may exist on some nodes only: every rank learns of a failure
         problem = build_problem(cfg)
@@ -436,6 +437,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         "checkpoint": str(last_ckpt_path) if last_ckpt_path else None,
         "wall_s": wall,
         "compile_s": compile_s,
+        "compile_cache": cache_dir,
         "checkpoint_s": ckpt_seconds,
         "evals_per_s": (evals - wf.evaluations(start_gen)) / max(wall, 1e-12),
         "ranks": ctx.size,
@@ -455,6 +457,30 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         os.replace(tmp, out / "summary.json")
     report.line(f"done: best fitness {best:.10e} after {evals} evaluations in {wall:.2f} s  ({out / 'summary.json'})")
     return summary
+
+
+# Eviction keeps the cache bounded and makes JAX lock it (filelock), so ranks and concurrent jobs
+# (a seed sweep compiles the same programs) never read an entry another process is writing.
+COMPILE_CACHE_MAX_BYTES = 4 << 30
+
+
+def enable_compile_cache(cfg: RunConfig) -> str | None:
+    """Point JAX's persistent compilation cache at the configured directory (before the first
+    compilation). A directory already configured (JAX_COMPILATION_CACHE_DIR) is kept."""
+    import jax
+
+    path = jax.config.jax_compilation_cache_dir
+    if not path:
+        setting = cfg.parallel.compile_cache
+        if setting == "off":
+            return None
+        path = str(cfg.out_dir.parent / ".jax-cache" if setting == "auto" else Path(setting))
+        jax.config.update("jax_compilation_cache_dir", path)
+        # Our programs compile in about a second each; JAX's default skips those under 1 s.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if jax.config.jax_compilation_cache_max_size < 0:
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
+    return path
 
 
 def _deadline(ctx: ParallelContext, cfg: RunConfig, cli_value: str | None, now: float) -> Deadline:

@@ -89,7 +89,7 @@ SRC_FLAGS=()
 [ -n "${HPCEVO_REBUILD:-}" ] && SRC_FLAGS=(--no-cache-dir --force-reinstall --no-deps)
 
 say "installing jax, numpy, build tools and the problems' libraries"
-"${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib \
+"${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
   setuptools wheel cython pkgconfig nanobind pytest pytest-timeout \
   gymnax six flax opfunu minionpy
 

@@ -24,6 +24,7 @@ CTX = bind(discover(), device="cpu", threads=1)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
+    config.addinivalue_line("markers", "slurm: starts a private Slurm cluster; runs only when -m names it")
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -32,14 +33,20 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if "slurm" not in (config.option.markexpr or ""):
+        # Starting a Slurm cluster is for the one CTest test that asks for it (-m slurm).
+        _deselect(config, items, "slurm")
     if CTX.size > 1:
         # Launching mpiexec from inside an MPI rank is not portable; these run in the
         # launcher-free pass (CTest's pytest_launcher).
-        keep = [i for i in items if "launcher" not in i.keywords]
-        dropped = [i for i in items if "launcher" in i.keywords]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = keep
+        _deselect(config, items, "launcher")
+
+
+def _deselect(config, items, marker: str) -> None:
+    dropped = [i for i in items if marker in i.keywords]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if marker not in i.keywords]
 
 
 @pytest.fixture(scope="session")

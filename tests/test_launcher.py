@@ -111,8 +111,17 @@ def test_info_describes_every_rank():
     assert "MPICH" in r.stdout or "Open MPI" in r.stdout
     assert "ranks         2 on 1 host(s)" in r.stdout
     assert "h5py MPI      yes" in r.stdout
-    rows = [ln for ln in r.stdout.splitlines() if "cpu, 1 threads" in ln]
-    assert len(rows) == 2
+    # rank, host, local/of, local rank source, device, threads, cpus, affinity, jax devices
+    rows = [ln.split() for ln in r.stdout.splitlines() if " MPI_LOCALRANKID " in ln]
+    assert [(x[0], x[2], x[4], x[5], x[8]) for x in rows] == [("0", "0/2", "cpu", "1", "cpu:0"),
+                                                            ("1", "1/2", "cpu", "1", "cpu:0")]
+    # with a config, its [parallel] section decides; an impossible one exits 2, said once
+    r = hpcevo(2, "info", str(EXAMPLE), "--set", "parallel.threads_per_rank=3", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [ln.split()[5] for ln in r.stdout.splitlines() if " MPI_LOCALRANKID " in ln] == ["3", "3"]
+    r = hpcevo(2, "info", str(EXAMPLE), "--set", "parallel.device='gpu'", timeout=120)
+    assert r.returncode == 2 and r.stderr.count("hpcevo: error:") == 1
+    assert "parallel.device = 'gpu' but no GPU is usable" in r.stderr
 
 
 USER_PROBLEM = (

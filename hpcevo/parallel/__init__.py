@@ -1,5 +1,6 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
 
+from .binding import Binding, Probe, Request, cpu_list, decide
 from .context import ParallelContext, bind, context_for, discover, mpi_library
 from .control import (
     agree_max,
@@ -13,7 +14,10 @@ from .control import (
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 
 __all__ = [
+    "Binding",
     "ParallelContext",
+    "Probe",
+    "Request",
     "agree_max",
     "agree_on_error",
     "allgather_obj",
@@ -22,6 +26,8 @@ __all__ = [
     "bind",
     "check_replicas",
     "context_for",
+    "cpu_list",
+    "decide",
     "discover",
     "gather_to_root",
     "mpi_library",

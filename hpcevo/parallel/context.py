@@ -1,31 +1,19 @@
 """Who am I in the job, and which device is mine.
 
-``discover()`` initialises MPI and finds rank, size, local rank and local size.
-``bind()`` must run before JAX creates its backend (the first array or device query): it hides
-all GPUs but this rank's own from JAX, or, on CPU-only machines, caps XLA's thread pool so N
-ranks on C cores do not each spawn C threads and fight.
+``discover()`` initialises MPI and finds rank, size, and what every rank on this node sees
+(``binding.probe``). ``bind()`` must run before JAX creates its backend (the first array or
+device query): it applies ``binding.decide``: hides all GPUs but this rank's own from JAX, or,
+on CPU nodes, caps XLA's thread pool so N ranks on C cores do not each spawn C threads and fight.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import importlib.util
 import os
+import sys
 from typing import Any
 
-from ..errors import UsageError
-
-# Launchers publish the node-local rank under different names (first match wins). Checked
-# against the communicator's own view, so a stale variable from an outer job cannot mislead.
-LOCAL_RANK_VARS = (
-    "MPI_LOCALRANKID",  # MPICH hydra
-    "OMPI_COMM_WORLD_LOCAL_RANK",  # Open MPI
-    "SLURM_LOCALID",  # srun
-    "PALS_LOCAL_RANKID",  # Cray PALS
-    "PMI_LOCAL_RANK",  # Cray / some PMI
-    "MV2_COMM_WORLD_LOCAL_RANK",  # MVAPICH
-)
+from .binding import Binding, Probe, Request, decide, probe, resolve_local_rank
 
 
 @dataclasses.dataclass
@@ -38,8 +26,11 @@ class ParallelContext:
     local_rank_source: str
     comm_jax: Any  # for mpi4jax ops inside jitted code only
     comm_ctl: Any  # for Python-side control (agreement, digests, metadata)
+    node_probes: tuple[Probe, ...] = ()  # what each rank on this node saw, in node order
+    node_index: int = 0  # this rank's place among them
     device_kind: str = "unbound"  # "cpu" | "gpu" after bind()
     device: str = ""  # human-readable: "cpu, 2 threads", "cuda:1"
+    binding: Binding | None = None
 
     @property
     def is_root(self) -> bool:
@@ -73,86 +64,51 @@ def context_for(comm: Any) -> ParallelContext:
     from mpi4py import MPI
 
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    local_rank, local_size, source = shared.rank, shared.size, "MPI_COMM_TYPE_SHARED"
+    probes = tuple(shared.allgather(probe()))
+    index = shared.rank
     shared.Free()
-    if comm.size == MPI.COMM_WORLD.size and comm.size > 1:
-        for var in LOCAL_RANK_VARS:
-            value = os.environ.get(var, "")
-            if value.isdigit() and int(value) < local_size:
-                local_rank, source = int(value), var
-                break
+    local_rank, source = resolve_local_rank(probes, index)
     ctx = ParallelContext(
         rank=comm.rank,
         size=comm.size,
         local_rank=local_rank,
-        local_size=local_size,
+        local_size=len(probes),
         host=MPI.Get_processor_name(),
         local_rank_source=source,
         comm_jax=comm.Clone(),
         comm_ctl=comm.Clone(),
+        node_probes=probes,
+        node_index=index,
     )
     if _CONTEXT is not None:  # binding is per process: a later context inherits it
-        ctx.device_kind, ctx.device = _CONTEXT.device_kind, _CONTEXT.device
+        ctx.device_kind, ctx.device, ctx.binding = _CONTEXT.device_kind, _CONTEXT.device, _CONTEXT.binding
     return ctx
 
 
-def _cuda_plugin_installed() -> bool:
-    return any(
-        importlib.util.find_spec(name) is not None
-        for name in ("jax_cuda13_plugin", "jax_cuda12_plugin")
-    )
+def bind(ctx: ParallelContext, device: str = "auto", threads: int | str = 1,
+         share_gpus: bool = False) -> ParallelContext:
+    """Choose and pin this rank's device (see ``binding``). Must run before JAX initialises a
+    backend: JAX reads CUDA_VISIBLE_DEVICES and NPROC once, when it creates it.
 
-
-def _visible_gpus() -> list[str]:
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [d for d in listed.split(",") if d.strip() and d.strip() != "-1"]
-    return sorted(
-        (p.removeprefix("/dev/nvidia") for p in glob.glob("/dev/nvidia[0-9]*")), key=int
-    )
-
-
-def cpu_threads_for(local_size: int) -> int:
-    """Threads for one rank: its launcher binding if it has one, else a fair share of the node."""
-    mine = len(os.sched_getaffinity(0))
-    total = os.cpu_count() or mine
-    if mine < total:  # the launcher bound us (srun --cpu-bind, mpiexec -bind-to): trust it
-        return mine
-    return max(1, total // max(1, local_size))
-
-
-def bind(ctx: ParallelContext, device: str = "auto", threads: int | str = 1) -> ParallelContext:
-    """Choose and pin this rank's device. Must run before JAX initialises a backend.
-
-    Raises UsageError (identically on every rank of a homogeneous job) for an impossible request.
+    Raises UsageError (identically on every rank of a node) for an impossible request.
     """
-    gpus = _visible_gpus() if _cuda_plugin_installed() else []
-    if device == "gpu" and not gpus:
-        raise UsageError(
-            "parallel.device = 'gpu' but no GPU is usable on "
-            f"{ctx.host} (jax CUDA plugin installed: {_cuda_plugin_installed()}, "
-            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); "
-            "allowed: 'auto', 'cpu', 'gpu'"
-        )
-    if gpus and device != "cpu":
-        if len(gpus) == 1:
-            mine = gpus[0]  # the launcher already gave this rank exactly one GPU
-        else:
-            # One GPU per local rank; with more ranks than GPUs, ranks share round-robin.
-            mine = gpus[ctx.local_rank % len(gpus)]
-        os.environ["CUDA_VISIBLE_DEVICES"] = mine
-        if ctx.local_size > 1:
-            # Default preallocation takes 75% of the GPU for the first process on it.
-            os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        ctx.device_kind, ctx.device = "gpu", f"cuda:{mine}"
-    else:
-        n = cpu_threads_for(ctx.local_size) if threads == "auto" else int(threads)
-        # XLA's CPU client sizes its thread pool from NPROC; its thread flags are ignored.
-        os.environ["NPROC"] = str(n)
-        os.environ.setdefault("OMP_NUM_THREADS", str(n))
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        ctx.device_kind, ctx.device = "cpu", f"cpu, {n} threads"
+    b = decide(ctx.node_probes, ctx.node_index, Request(device, threads, share_gpus), ctx.host)  # type: ignore[arg-type]
+    if b.kind == "gpu" and _jax_backend_started():
+        raise RuntimeError("bind() after JAX created its backend: the GPU choice would be ignored")
+    os.environ.update(b.env)
+    for k, v in b.env_defaults.items():
+        os.environ.setdefault(k, v)
+    ctx.binding, ctx.device_kind, ctx.device = b, b.kind, b.device
+    ctx.local_rank, ctx.local_rank_source = b.local_rank, b.local_rank_source
     return ctx
+
+
+def _jax_backend_started() -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
 
 
 def mpi_library() -> tuple[str, str]:

@@ -1,0 +1,55 @@
+#!/bin/bash
+@directives@
+
+# hpcevo batch job for PBS Pro, rendered by: @command@
+# Runs the config below on @nranks@ ranks. PBS sends no warning before the walltime, so the run
+# gets a deadline (@margin@ s before it): the ranks checkpoint and exit 75, and the job submits
+# itself again, after this one, to resume; at most @max_requeues@ times. An array job is a seed
+# sweep: subjob i runs seed i as run "@name@-seed<i>".
+set -uo pipefail
+cd "${PBS_O_WORKDIR:-.}" || exit 1
+@workdir@
+PYTHON=@python@
+RUN_ARGS=(@run_args@)
+NRANKS=@nranks@
+MAX_REQUEUES=@max_requeues@
+# The resubmission needs this script's path: `hpcevo jobs submit` and `render -o` record it.
+JOB_SCRIPT=${HPCEVO_JOB_SCRIPT:-@job_script@}
+
+# -- environment ---------------------------------------------------------------------------
+@environment@
+@prologue@
+# -- seed sweep: the array index is the seed and names the run -----------------------------
+INDEX=${PBS_ARRAY_INDEX:-${HPCEVO_ARRAY_INDEX:-}}
+if [ -n "$INDEX" ]; then
+  RUN_ARGS+=(@array_args@)
+fi
+
+# -- launcher ------------------------------------------------------------------------------
+LAUNCH=(@launch@)
+
+@launch_and_wait@
+
+# -- resubmission: exit 75 means a checkpoint was written and the run wants more time ------
+if [ "$rc" = 75 ]; then
+  done_before=${HPCEVO_RESUBMISSIONS:-0}
+  if [ "$done_before" -ge "$MAX_REQUEUES" ]; then
+    echo "hpcevo job: $MAX_REQUEUES resubmissions done; submit this script again to resume" >&2
+  elif [ -z "$JOB_SCRIPT" ] || [ ! -r "$JOB_SCRIPT" ]; then
+    echo "hpcevo job: script path unknown (set HPCEVO_JOB_SCRIPT); submit it again to resume" >&2
+  else
+    vars="HPCEVO_RESUBMISSIONS=$((done_before + 1)),HPCEVO_JOB_SCRIPT=$JOB_SCRIPT"
+    after=(-W "depend=afterany:$PBS_JOBID")
+    if [ -n "$INDEX" ]; then
+      # One subjob continues alone: a plain job, the array directive removed, the index passed.
+      vars="$vars,HPCEVO_ARRAY_INDEX=$INDEX"
+      after=()
+    fi
+    if next=$(grep -v '^#PBS -J ' "$JOB_SCRIPT" | qsub "${after[@]}" -v "$vars"); then
+      echo "hpcevo job: resubmitted as $next; it resumes from the checkpoint" >&2
+      exit 0
+    fi
+    echo "hpcevo job: qsub failed; submit this script again to resume" >&2
+  fi
+fi
+exit "$rc"

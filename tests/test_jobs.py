@@ -1,0 +1,348 @@
+"""Job scripts: `hpcevo jobs render` checks requests, writes directives a scheduler accepts, and
+its scripts run: PBS ones under bash in a simulated PBS environment with the local mpiexec.
+
+The real-Slurm test is tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcevo.errors import UsageError
+from fake_rank import fake_python, rank_log, started
+from hpcevo.jobs import JobRequest, parse_time, plan, render
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "cso.toml")
+
+
+def req(scheduler="slurm", **kw) -> JobRequest:
+    kw.setdefault("time", "01:00:00")
+    return JobRequest(scheduler=scheduler, config=kw.pop("config", EXAMPLE), **kw)
+
+
+# -- linting: directives parsed as the scheduler parses them -----------------------------------
+SBATCH_KEYS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "time", "signal",
+               "requeue", "open-mode", "output", "account", "partition", "qos", "array"}
+PBS_OPTIONS = {"-N", "-l", "-r", "-j", "-o", "-q", "-A", "-J"}
+
+
+def directives(text: str, prefix: str) -> list[str]:
+    """The directive lines, checked to be where the scheduler reads them: right after #!,
+    before any command (sbatch and qsub stop at the first line that is not one)."""
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    out = []
+    for line in lines[1:]:
+        if not line.startswith(prefix + " "):
+            break
+        out.append(line[len(prefix) + 1:])
+    rest = [ln for ln in lines[1 + len(out):] if ln.startswith(prefix)]
+    assert not rest, f"directives after the first command are ignored: {rest}"
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)  # the script parses
+    return out
+
+
+def sbatch_directives(text: str) -> dict[str, str]:
+    out = {}
+    for d in directives(text, "#SBATCH"):
+        m = re.fullmatch(r"--([a-z-]+)(?:=(\S+))?", d)
+        assert m and m[1] in SBATCH_KEYS, d
+        assert m[1] not in out, f"repeated {d}"
+        out[m[1]] = m[2] or ""
+    return out
+
+
+def pbs_directives(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for d in directives(text, "#PBS"):
+        opt, _, value = d.partition(" ")
+        assert opt in PBS_OPTIONS and value and " " not in value, d
+        if opt == "-l":
+            key, _, v = value.partition("=")
+            out[key] = v
+        else:
+            assert opt not in out, f"repeated {d}"
+            out[opt] = value
+    return out
+
+
+def pbs_chunk(select: str) -> dict[str, int]:
+    n, *parts = select.split(":")
+    chunk = {"nodes": int(n)}
+    for p in parts:
+        k, v = p.split("=")
+        chunk[k] = int(v)
+    return chunk
+
+
+def run_args(text: str) -> list[str]:
+    m = re.search(r"^RUN_ARGS=\((.*)\)$", text, re.M)
+    return shlex.split(m[1])
+
+
+# -- rendering ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nodes,gpus", [(1, 1), (2, 4), (4, 2)])
+def test_slurm_gpu_nodes(nodes, gpus):
+    text = render(req(nodes=nodes, gpus_per_node=gpus, time="1-02:03:04", account="p42", partition="gpu",
+                      qos="high", signal_margin=120))
+    d = sbatch_directives(text)
+    assert d["nodes"] == str(nodes) and d["ntasks-per-node"] == d["gpus-per-node"] == str(gpus)
+    assert d["time"] == "1-02:03:04" and d["signal"] == "B:USR1@120"
+    assert (d["account"], d["partition"], d["qos"]) == ("p42", "gpu", "high")
+    assert "requeue" in d and d["open-mode"] == "append" and d["job-name"] == "cso-ackley"
+    assert f"NRANKS={nodes * gpus}\n" in text
+    assert "srun --mpi=pmi2 --ntasks=\"$NRANKS\"" in text and "--cpu-bind=cores" in text
+    assert "export HDF5_USE_FILE_LOCKING=FALSE" in text
+    assert ("XLA_PYTHON_CLIENT_PREALLOCATE=false" in text) == (gpus > 1)
+    assert run_args(text)[:2] == ["run", EXAMPLE]
+
+
+def test_slurm_cpu_nodes_rank_per_core_group():
+    text = render(req(nodes=2, ranks_per_node=4, cpus_per_rank=8, overrides=("parallel.threads_per_rank=8",),
+                      launcher="mpiexec", launcher_args="-bind-to core:8"))
+    d = sbatch_directives(text)
+    assert (d["ntasks-per-node"], d["cpus-per-task"]) == ("4", "8") and "gpus-per-node" not in d
+    assert "export OMP_NUM_THREADS=8" in text and "SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-8}" in text
+    assert 'LAUNCH=(mpiexec -n "$NRANKS" -bind-to core:8)' in text
+    assert run_args(text)[2:4] == ["--set", "parallel.threads_per_rank=8"]
+
+
+def test_slurm_pmix_and_seed_array():
+    text = render(req(srun_mpi="pmix", seeds="0-9:3", overrides=("run.out=/scratch/x",)))
+    d = sbatch_directives(text)
+    assert d["array"] == "0-9:3" and d["output"] == "%x-%A_%a.out"
+    assert "srun --mpi=pmix" in text
+    # the array index becomes the seed and names the run (and its directory, when set)
+    out = subprocess.run(["bash", "-c", _array_snippet(text) + 'printf "%s\\n" "${RUN_ARGS[@]}"'],
+                         env={"SLURM_ARRAY_TASK_ID": "6", "PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[-7:-1] == ["--set", "run.seed=6", "--set", "run.name=cso-ackley-seed6", "--set", "run.out=/scratch/x-seed6"]
+
+
+def _array_snippet(text: str) -> str:
+    start = text.index("RUN_ARGS=(")
+    end = text.index("# -- launcher")
+    return "\n".join(ln for ln in text[start:end].splitlines() if not ln.startswith("export")) + "\n"
+
+
+@pytest.mark.parametrize("nodes,gpus,rpn,cpus", [(2, 4, None, None), (2, 0, 16, 1), (3, 0, 2, 4)])
+def test_pbs_directives(nodes, gpus, rpn, cpus):
+    over = (f"parallel.threads_per_rank={cpus}",) if cpus else ()
+    text = render(req("pbs", nodes=nodes, gpus_per_node=gpus, ranks_per_node=rpn, cpus_per_rank=cpus,
+                      overrides=over, time="30h", account="p42", queue="workq", seeds="1-8"))
+    d = pbs_directives(text)
+    chunk = pbs_chunk(d["select"])
+    per_node = rpn or gpus
+    assert chunk["nodes"] == nodes and chunk["mpiprocs"] == per_node
+    assert chunk["ncpus"] == per_node * chunk["ompthreads"] == per_node * (cpus or 1)
+    assert chunk.get("ngpus", 0) == gpus
+    assert d["walltime"] == "30:00:00" and d["place"] == "scatter"
+    assert (d["-N"], d["-q"], d["-A"], d["-J"], d["-r"]) == ("cso-ackley", "workq", "p42", "1-8", "y")
+    assert f"NRANKS={nodes * per_node}\n" in text
+    assert 'LAUNCH=(mpiexec -n "$NRANKS" --machinefile "$PBS_NODEFILE")' in text
+    assert 'cd "${PBS_O_WORKDIR:-.}"' in text
+    # a resubmitted job continues; PBS warns of nothing, so the run stops itself before walltime
+    assert run_args(text)[-3:] == ["--resume", "--deadline", str(30 * 3600 - 300)]
+
+
+def test_pbs_pals_launcher():
+    text = render(req("pbs", nodes=2, gpus_per_node=4, launcher="pals"))
+    assert 'LAUNCH=(mpiexec -n "$NRANKS" --ppn 4 --depth 1 --cpu-bind depth)' in text
+
+
+def test_share_gpus_allows_more_ranks_than_gpus():
+    text = render(req(nodes=1, gpus_per_node=2, ranks_per_node=4, overrides=("parallel.share_gpus=true",)))
+    d = sbatch_directives(text)
+    assert (d["ntasks-per-node"], d["gpus-per-node"]) == ("4", "2")
+
+
+# -- refusals: exit 2 with a message that names the option --------------------------------------
+@pytest.mark.parametrize("kw,message", [
+    (dict(nodes=2, gpus_per_node=4, ranks=6), "--ranks 6 does not match --nodes 2 x 4 GPUs per node = 8"),
+    (dict(nodes=2, ranks_per_node=3, ranks=4), "--ranks 4 does not match --nodes 2 x 3 ranks per node = 6"),
+    (dict(gpus_per_node=4, ranks_per_node=8), "ranks per node must equal GPUs per node (4); to share"),
+    (dict(gpus_per_node=4, ranks_per_node=2), "--ranks-per-node 2 with --gpus-per-node 4"),
+    (dict(time="00:04:00", signal_margin=300), "--time 00:04:00 (240 s) is not longer than --signal-margin 300 s"),
+    (dict(time="90"), "--time '90': not a time limit"),
+    (dict(time="1:75:00"), "not a time limit"),
+    (dict(launcher="aprun"), "--launcher 'aprun' for slurm: allowed: srun, mpiexec"),
+    (dict(srun_mpi="pmi3"), "--srun-mpi 'pmi3': allowed: pmi2, pmix"),
+    (dict(nodes=0), "--nodes 0: must be at least 1"),
+    (dict(cpus_per_rank=4), "--cpus-per-rank 4 but"),
+    (dict(account="my project"), "--account 'my project': letters, digits"),
+    (dict(queue="workq"), "--queue is a PBS option"),
+    (dict(gpus_per_node=2, overrides=("parallel.device='cpu'",)), "sets parallel.device = 'cpu'"),
+    (dict(overrides=("algorithm.pop_sise=4",)), "algorithm.pop_sise"),
+    (dict(config="/nonexistent.toml"), "config file '/nonexistent.toml' not found"),
+])
+def test_inconsistent_slurm_requests_are_refused(kw, message):
+    with pytest.raises(UsageError) as e:
+        render(req(**kw))
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(seeds="1,2,3"), "--seeds '1,2,3': not a pbs array of seeds; allowed: FIRST-LAST[:STEP], FIRST < LAST"),
+    (dict(seeds="4-4"), "not a pbs array"),
+    (dict(partition="gpu"), "--partition and --qos are Slurm options"),
+    (dict(launcher="srun"), "allowed: mpiexec, pals"),
+    (dict(job_name="1st"), "PBS needs it to start with a letter"),
+])
+def test_inconsistent_pbs_requests_are_refused(kw, message):
+    with pytest.raises(UsageError) as e:
+        render(req("pbs", **kw))
+    assert message in str(e.value)
+
+
+def test_time_formats():
+    assert parse_time("2h") == parse_time("02:00:00") == parse_time("120m") == parse_time("2:00") == 7200
+    assert parse_time("1-00:00:01") == 86401 and parse_time("45s") == 45
+    assert plan(req(time="36h")).seconds == 36 * 3600
+
+
+def test_rendered_examples_in_jobs_are_current(monkeypatch):
+    """jobs/*: the README's 2-node examples, exactly what `hpcevo jobs render` writes today."""
+    monkeypatch.chdir(ROOT)  # the recorded commands use paths relative to the repository
+    paths = sorted((ROOT / "jobs").glob("*.[sp]b*"))
+    assert len(paths) == 4
+    for path in paths:
+        first = path.read_text().splitlines()
+        cmd = next(ln for ln in first if "rendered by: hpcevo jobs render" in ln).split("rendered by: hpcevo ")[1]
+        from hpcevo.cli import build_parser
+        from hpcevo.jobs import request_from_args
+
+        argv = shlex.split(cmd)
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        got = render(dataclasses.replace(request_from_args(args, argv), script_path=args.out))
+        assert got == path.read_text(), f"{path.name} is stale: run scripts/render-job-examples.sh"
+
+
+# -- running a PBS script: bash, a simulated PBS environment, the local mpiexec -----------------
+def pbs_env(tmp_path: Path, ranks: int, **extra) -> dict[str, str]:
+    import socket
+
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text(f"{socket.gethostname()}\n" * ranks)
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir(exist_ok=True)
+    # qsub records how it was called and what script it was fed
+    (fakebin / "qsub").write_text(
+        '#!/bin/bash\nprintf "%s\\n" "$@" > "$PBS_O_WORKDIR/qsub.args"\ncat > "$PBS_O_WORKDIR/qsub.script"\n'
+        'echo 124.sim\n')
+    (fakebin / "qsub").chmod(0o755)
+    drop = ("PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "OMPI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(PBS_NODEFILE=str(nodefile), PBS_O_WORKDIR=str(tmp_path), PBS_JOBID="123.sim",
+               PBS_JOBNAME="cso-ackley", PBS_ENVIRONMENT="PBS_BATCH", PATH=f"{fakebin}:{env['PATH']}", **extra)
+    return env
+
+
+@pytest.mark.launcher
+def test_pbs_script_runs_to_a_correct_summary(tmp_path):
+    script = tmp_path / "job.pbs"
+    gens = "run.generations=30"
+    r = subprocess.run([sys.executable, "-m", "hpcevo", "jobs", "render", "pbs", EXAMPLE, "--ranks-per-node", "2",
+                        "--time", "00:20:00", "--seeds", "0-3", "--set", gens, "--set", "log.every=10",
+                        "--set", "run.out=runs/pbs", "-o", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pbs_directives(script.read_text())
+    done = subprocess.run(["bash", str(script)], env=pbs_env(tmp_path, 2, PBS_ARRAY_INDEX="3"),
+                          cwd="/", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "ranks exited with code 0" in done.stderr
+    summary = json.loads((tmp_path / "runs" / "pbs-seed3" / "summary.json").read_text())
+    assert (summary["ranks"], summary["seed"], summary["name"]) == (2, 3, "cso-ackley-seed3")
+    assert summary["evaluations"] == 1024 + 29 * 512
+    # the same run started by hand on one rank has the same final state, bit for bit
+    alone = tmp_path / "alone"
+    r = subprocess.run([sys.executable, "-m", "hpcevo", "run", EXAMPLE, "--set", gens, "--set", "run.seed=3",
+                        "--set", f"run.out={alone}", "-q"], capture_output=True, text=True, env=pbs_env(tmp_path, 1))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((alone / "summary.json").read_text())["state_digest"] == summary["state_digest"]
+    assert not (tmp_path / "qsub.args").exists()  # finished: nothing resubmitted
+
+
+@pytest.mark.launcher
+def test_pbs_script_forwards_the_signal_and_resubmits_itself(tmp_path):
+    """USR1 to the batch shell reaches every rank; exit 75 resubmits this script (no -J) after
+    this job, telling it which subjob it continues and how many resubmissions were made."""
+    fake = fake_python(tmp_path)
+    script = tmp_path / "job.pbs"
+    text = render(req("pbs", ranks_per_node=2, seeds="0-3", python=str(fake), script_path=str(script)))
+    script.write_text(text)
+    env = pbs_env(tmp_path, 2, PBS_ARRAY_INDEX="2", LOG_DIR=str(tmp_path))
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: started(tmp_path, 2), job)
+        job.send_signal(10)  # SIGUSR1, to the batch shell only
+        out, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 0, err
+    assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "USR1"], ["1", "0"], ["1", "USR1"]]
+    assert "ranks exited with code 75" in err and "resubmitted as 124.sim" in err
+    args = (tmp_path / "qsub.args").read_text().splitlines()
+    assert args == ["-v", f"HPCEVO_RESUBMISSIONS=1,HPCEVO_JOB_SCRIPT={script},HPCEVO_ARRAY_INDEX=2"]
+    resubmitted = (tmp_path / "qsub.script").read_text()
+    assert "-J" not in pbs_directives(resubmitted) and resubmitted == text.replace("#PBS -J 0-3\n", "")
+    # the resubmitted job: the same subjob's seed, and it finishes (the fake rank exits 0)
+    env = pbs_env(tmp_path, 2, LOG_DIR=str(tmp_path), HPCEVO_RESUBMISSIONS="1", HPCEVO_ARRAY_INDEX="2")
+    (tmp_path / "qsub.args").unlink()
+    done = subprocess.run(["bash", "-"], input=resubmitted, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "run.seed=2" in (tmp_path / "ranks.log").read_text().splitlines()[-1]
+    assert not (tmp_path / "qsub.args").exists()
+
+
+def _wait_for(ready, proc, timeout=60.0):
+    import time
+
+    t0 = time.monotonic()
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.1)
+
+
+def test_submit_writes_the_script_and_prints_the_job_id(tmp_path, monkeypatch):
+    from hpcevo.jobs import submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, answer in (("sbatch", "4242;cluster"), ("qsub", "77.pbs01")):
+        (bin_dir / tool).write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > "{tmp_path}/{tool}.args"\necho "{answer}"\n')
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    script = tmp_path / "sub" / "job.sbatch"
+    assert submit(req(output=str(tmp_path / "logs" / "%x-%j.out")), script) == "4242"
+    assert (tmp_path / "sbatch.args").read_text().split() == ["--parsable", str(script)]
+    assert script.read_text().startswith("#!/bin/bash\n#SBATCH") and (tmp_path / "logs").is_dir()
+    script = tmp_path / "job.pbs"
+    assert submit(req("pbs"), script) == "77.pbs01"
+    assert (tmp_path / "qsub.args").read_text().split() == ["-v", f"HPCEVO_JOB_SCRIPT={script}", str(script)]
+    assert f"JOB_SCRIPT=${{HPCEVO_JOB_SCRIPT:-{script}}}" in script.read_text()
+    monkeypatch.setenv("PATH", str(bin_dir / "none"))
+    with pytest.raises(UsageError, match="sbatch not found: submit from a slurm login node"):
+        submit(req(), tmp_path / "x.sbatch")
+
+
+def test_cli_refuses_with_exit_2_and_one_message(capsys):
+    from hpcevo.cli import main
+
+    assert main(["jobs", "render", "slurm", EXAMPLE, "--time", "1h", "--nodes", "2", "--gpus-per-node", "4",
+                 "--ranks", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hpcevo: error: --ranks 4 does not match --nodes 2 x 4 GPUs per node = 8")
+    assert main(["jobs", "render", "lsf", EXAMPLE, "--time", "1h"]) == 2
+    assert "invalid choice: 'lsf'" in capsys.readouterr().err

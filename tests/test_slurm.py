@@ -1,0 +1,131 @@
+"""Job scripts from `hpcevo jobs render slurm` on a real Slurm: a private single-node cluster
+(tests/slurm_cluster.py) started for this module and torn down whatever happens.
+
+Marked `slurm` (CTest's `slurm` test runs `pytest -m slurm`); skipped, with the reason, only
+where no cluster can be had (not root, packages not installable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_rank import fake_python, rank_log, started
+from slurm_cluster import private_slurm, unavailable
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "cso.toml")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"no private Slurm here: {reason}")
+    with private_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def submit(slurm, tmp: Path, *options: str) -> str:
+    """`hpcevo jobs submit slurm` for the CSO example at 2 ranks: renders job.sbatch, calls
+    sbatch, prints the job id."""
+    r = subprocess.run([sys.executable, "-m", "hpcevo", "jobs", "submit", "slurm", EXAMPLE, "--ranks-per-node", "2",
+                        "--time", "00:10:00", "--signal-margin", "60", "--output", str(tmp / "job-%j.out"),
+                        *options, "-o", str(tmp / "job.sbatch")], capture_output=True, text=True, cwd=tmp,
+                       env=slurm.env)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip()
+    assert job.isdigit(), job
+    return job
+
+
+def reference_digest(tmp: Path, *overrides: str) -> str:
+    """The same run, uninterrupted, on one rank without any launcher."""
+    out = tmp / "reference"
+    cmd = [sys.executable, "-m", "hpcevo", "run", EXAMPLE, "-q", "--set", f"run.out={out}"]
+    for o in overrides:
+        cmd += ["--set", o]
+    drop = ("PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "OMPI_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "summary.json").read_text())["state_digest"]
+
+
+def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
+    gens = ("run.generations=30", "log.every=10")
+    job = submit(slurm, tmp_path, "--set", gens[0], "--set", gens[1], "--set", "run.out=run",
+                 "--prologue", 'srun --mpi=pmi2 --ntasks=2 "$PYTHON" -m hpcevo info')
+    info = slurm.wait(job, "COMPLETED")
+    assert info["ExitCode"] == "0:0"
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "ranks exited with code 0" in log
+    # the binding srun made visible: local rank from SLURM_LOCALID, one thread each
+    rows = [ln.split() for ln in log.splitlines() if " SLURM_LOCALID " in ln]
+    assert [(r[0], r[2], r[4], r[5]) for r in rows] == [("0", "0/2", "cpu", "1"), ("1", "1/2", "cpu", "1")]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["ranks"], summary["generations"], summary["evaluations"]) == (2, 30, 1024 + 29 * 512)
+    assert summary["state_digest"] == reference_digest(tmp_path, *gens)
+
+
+def signal_and_requeue(slurm, job: str, ready) -> None:
+    """Wait for ``ready()``, send the warning signal to the batch shell only, and wait for the
+    requeue. The cluster reruns a requeued job after cred_expire (10 s here; Slurm waits for
+    the old job's steps to be gone); a job still pending after a minute is started by hand."""
+    t0 = time.monotonic()
+    while not ready():
+        slurm.wait(job, "RUNNING", "PENDING")
+        assert time.monotonic() - t0 < 300, "the job never got going"
+        time.sleep(0.2)
+    slurm.run("scancel", "-b", "-s", "USR1", job)
+    slurm.wait(job, "PENDING", "REQUEUED", timeout=120)
+    try:
+        slurm.wait(job, "RUNNING", "COMPLETED", timeout=60)
+    except AssertionError:
+        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+
+
+def test_signal_reaches_every_rank_and_the_job_requeues_itself(slurm, tmp_path):
+    """The script's own machinery, with stand-in ranks: `scancel -b -s USR1` (the batch shell
+    only, as --signal=B:USR1@N) is forwarded through srun to every rank; their exit 75 makes
+    the script requeue the job, which runs again with SLURM_RESTART_COUNT=1 and completes."""
+    fake = fake_python(tmp_path)
+    job = submit(slurm, tmp_path, "--python", str(fake), "--prologue", f"export LOG_DIR={tmp_path}")
+    signal_and_requeue(slurm, job, lambda: started(tmp_path, 2))
+    info = slurm.wait(job, "COMPLETED", timeout=180)
+    assert info["Restarts"] == "1"
+    assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "1"], ["0", "USR1"], ["1", "0"], ["1", "1"], ["1", "USR1"]]
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "SIGUSR1" in log and "ranks exited with code 75" in log and "requeueing job" in log
+    assert log.count("ranks exited with code 0") == 1
+
+
+def test_signalled_run_is_requeued_resumes_and_matches_an_uninterrupted_one(slurm, tmp_path):
+    # No periodic checkpoints (each costs ~0.5 s here): the signal alone makes the one resumed from.
+    gens = ("run.generations=1000", "log.every=10", "checkpoint.every=0")
+    job = submit(slurm, tmp_path, *[a for g in gens for a in ("--set", g)], "--set", "run.out=run")
+    metrics = tmp_path / "run" / "metrics.jsonl"
+
+    def mid_run() -> bool:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        return bool(lines) and json.loads(lines[-1])["generation"] >= 20
+
+    signal_and_requeue(slurm, job, mid_run)
+    info = slurm.wait(job, "COMPLETED", timeout=600)
+    assert info["Restarts"] == "1"
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "stopped by SIGUSR1" in log and "ranks exited with code 75" in log
+    assert "resuming from 'run/checkpoints/gen-" in log.split("ranks exited with code 75")[1]
+    assert log.count("ranks exited with code 0") == 1
+    assert any((tmp_path / "run" / "checkpoints").iterdir())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["ranks"], summary["generations"], summary["status"]) == (2, 1000, "complete")
+    assert summary["state_digest"] == reference_digest(tmp_path, *gens)
