@@ -42,9 +42,21 @@ class AlgorithmSection(_Section):
 
 class ProblemSection(_Section):
     name: str
-    dim: int = Field(ge=1)
+    # Required by the classic and CEC functions; neuro derives it from the network, and a user's
+    # problem may carry its own (see hpcevo/problems).
+    dim: int | None = Field(None, ge=1)
     lb: float | list[float] | None = None
     ub: float | list[float] | None = None
+    args: dict[str, Any] = Field(default_factory=dict)  # the problem's own arguments
+    # Problems by import path: true = the function takes a block (n, dim), false = one candidate
+    # (dim,), vectorised with vmap; unset = the function's own `batched` attribute, else its shapes.
+    batched: bool | None = None
+
+
+class EvaluationSection(_Section):
+    # Most rows one call of the problem function sees; a micro-batch with more rows is evaluated
+    # in pieces, one after another, to bound device memory. 0 = a whole micro-batch per call.
+    batch_size: int = Field(0, ge=0)
 
 
 class LogSection(_Section):
@@ -102,6 +114,7 @@ class RunConfig(_Section):
     log: LogSection = LogSection()
     parallel: ParallelSection = ParallelSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    evaluation: EvaluationSection = EvaluationSection()
 
     @property
     def out_dir(self) -> Path:
@@ -120,6 +133,8 @@ class RunConfig(_Section):
         from .algorithms import ALGORITHMS
 
         d = self.model_dump(exclude_none=True)
+        if not d["problem"].get("args"):
+            d["problem"].pop("args", None)  # most problems take none
         algo_cls = ALGORITHMS[self.algorithm.name]
         for name, f in algo_cls.hyper_parameters().items():
             d["algorithm"].setdefault(name, f.default)
@@ -225,6 +240,14 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
     from .algorithms import ALGORITHMS
 
     cls = ALGORITHMS[cfg.algorithm.name]
+    objectives = getattr(problem, "num_objectives", 1)
+    if objectives > 1 and not cls.multi_objective:
+        multi = [n for n, c in sorted(ALGORITHMS.items()) if c.multi_objective]
+        raise ConfigError(
+            f"{where}: problem '{cfg.problem.name}' has {objectives} objectives, but algorithm "
+            f"'{cfg.algorithm.name}' optimises one; multi-objective algorithms: "
+            f"{', '.join(multi) if multi else 'none yet'}"
+        )
     try:
         return cls(
             pop_size=cfg.algorithm.pop_size,
@@ -239,11 +262,13 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
 
 
 def build_problem(cfg: RunConfig, where: str = "config"):
-    from .problems import make_problem
+    """The problem instance; for problems by import path this imports and traces user code, so
+    call it after ``parallel.bind`` (see ``problems.is_deferred``)."""
+    from .problems import create
 
     p = cfg.problem
     try:
-        return make_problem(p.name, p.dim, p.lb, p.ub)
+        return create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}") from None
 
@@ -276,7 +301,10 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     except ValidationError as e:
         raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
     _check_algorithm(cfg, where)
-    build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
+    from .problems import is_deferred
+
+    if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
+        build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
     return cfg
 
 

@@ -95,12 +95,17 @@ class Workflow:
 
     history_fields = History._fields  # the per-generation series a run keeps (and checkpoints)
 
-    def __init__(self, algorithm: Algorithm, evaluate: Callable[[jax.Array], jax.Array], ctx: ParallelContext,
-                 microbatch: int | None = None):
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
+                 microbatch: int | None = None, batch_size: int | None = None,
+                 with_generation: bool = False):
+        """``with_generation``: call ``evaluate(x, generation)`` with the number of the generation
+        being evaluated (1 = the initial population), for problems that draw new random
+        scenarios each generation; ``batch_size``: see ``ShardedEvaluator``."""
         self.algorithm = algorithm
         self.ctx = ctx
-        self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch)
-        self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch)
+        self._with_generation = with_generation
+        self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size)
+        self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size)
         # Which micro-batches this rank evaluates travels as data, not as a compile-time
         # constant, so every rank at every rank count compiles the same program.
         self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))
@@ -123,6 +128,9 @@ class Workflow:
             last=_batch_stats(raw),
         )
 
+    def _generation_arg(self, state: LoopState) -> tuple:
+        return (state.generation + 1,) if self._with_generation else ()
+
     def _first_generation(self, key: jax.Array, shards) -> LoopState:
         algo = self.algorithm.init(key)
         dtype = jnp.dtype(self.algorithm.dtype)
@@ -135,13 +143,13 @@ class Workflow:
             last=jnp.zeros((3,), dtype),
         )
         candidates, algo = self.algorithm.init_ask(algo)
-        raw = self._eval_init(candidates, shards[0])
+        raw = self._eval_init(candidates, shards[0], *self._generation_arg(empty))
         algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         return self._record(empty, candidates, raw, algo)
 
     def _generation(self, state: LoopState, shards) -> LoopState:
         candidates, algo = self.algorithm.ask(state.algo)
-        raw = self._eval_step(candidates, shards[1])
+        raw = self._eval_step(candidates, shards[1], *self._generation_arg(state))
         algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         return self._record(state, candidates, raw, algo)
 

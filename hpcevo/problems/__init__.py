@@ -1,9 +1,26 @@
-"""Benchmark problems: pure JAX objective functions (minimised) and their registry."""
+"""Problems: pure JAX objective functions (minimised) and the registry the config names them by.
 
+Every problem has ``name``, ``dim``, ``lb`` and ``ub`` (tuples, one bound per coordinate),
+``num_objectives`` (1 unless it says otherwise) and ``evaluate(x)``: ``(n, dim) -> (n,)``.
+A problem with ``wants_generation = True`` is called ``evaluate(x, generation)`` instead, with
+the number of the generation being evaluated (1 for the initial population): for problems that
+draw fresh random scenarios each generation, identically on every rank (neuroevolution).
+
+Names: the classic functions of ``numerical.py`` (``sphere``, ``ackley``...), the CEC 2022 suite
+(``cec2022_f1``..``cec2022_f12``), ``neuro`` (an MLP policy on a gymnax environment), and a
+user's own problem by import path (``package.module:function`` or ``path/file.py:function``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cec2022 import NAMES as CEC2022_NAMES
 from .numerical import (
     PROBLEMS,
     NumericalProblem,
     ProblemSpec,
+    _unknown_name,
     ackley,
     ellipsoid,
     griewank,
@@ -13,17 +30,57 @@ from .numerical import (
     schwefel,
     sphere,
 )
+from .user import is_import_path
 
 __all__ = [
+    "CEC2022_NAMES",
     "PROBLEMS",
     "NumericalProblem",
     "ProblemSpec",
-    "make_problem",
     "ackley",
+    "create",
     "ellipsoid",
     "griewank",
+    "is_deferred",
+    "make_problem",
     "rastrigin",
     "rosenbrock",
     "schwefel",
     "sphere",
 ]
+
+
+def is_deferred(name: str) -> bool:
+    """Problems whose construction imports user code or an environment library, which may touch
+    JAX's backend: they are built once the rank is bound to its device, not while a config is
+    only being validated."""
+    return is_import_path(name) or name == "neuro"
+
+
+def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
+           batched: bool | None = None, dtype: str = "float32"):
+    """The problem the config's ``[problem]`` section describes; ``ValueError`` for bad input."""
+    args = dict(args or {})
+    if is_import_path(name):
+        from .user import load_user_problem
+
+        return load_user_problem(name, dim, lb, ub, args, batched, dtype)
+    if batched is not None:
+        raise ValueError(f"{name}: problem.batched is for problems named by import path only")
+    if name == "neuro":
+        from .neuro import make_neuro
+
+        return make_neuro(dim, lb, ub, args)
+    if args:
+        raise ValueError(f"{name}: takes no [problem.args] (got {', '.join(sorted(args))})")
+    if name in CEC2022_NAMES:
+        from .cec2022 import make_cec2022
+
+        return make_cec2022(name, dim, lb, ub)
+    if name not in PROBLEMS:
+        err = _unknown_name(name)
+        raise ValueError(f"{err}; also cec2022_f1..cec2022_f12, neuro, or your own as "
+                         "'package.module:function' or 'path/to/file.py:function'")
+    if dim is None:
+        raise ValueError(f"{name}: problem.dim is required")
+    return make_problem(name, dim, lb, ub)
