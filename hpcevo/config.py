@@ -43,14 +43,26 @@ class AlgorithmSection(_Section):
 
 class ProblemSection(_Section):
     name: str
-    dim: int = Field(ge=1)
+    # Required by the classic and CEC functions; neuro derives it from the network, and a user's
+    # problem may carry its own (see hpcevo/problems).
+    dim: int | None = Field(None, ge=1)
     lb: float | list[float] | None = None
     ub: float | list[float] | None = None
+    args: dict[str, Any] = Field(default_factory=dict)  # the problem's own arguments
+    # Problems by import path: true = the function takes a block (n, dim), false = one candidate
+    # (dim,), vectorised with vmap; unset = the function's own `batched` attribute, else its shapes.
+    batched: bool | None = None
     # Multi-objective problems only: the number of objectives of the scalable ones (DTLZ,
     # default 3), and the hypervolume reference point (default: the problem's, its Pareto
     # front's nadir plus 10% of its extent; exact hypervolume for 2 and 3 objectives).
     objectives: int | None = Field(None, ge=2)
     ref_point: list[float] | None = None
+
+
+class EvaluationSection(_Section):
+    # Most rows one call of the problem function sees; a micro-batch with more rows is evaluated
+    # in pieces, one after another, to bound device memory. 0 = a whole micro-batch per call.
+    batch_size: int = Field(0, ge=0)
 
 
 class LogSection(_Section):
@@ -108,6 +120,7 @@ class RunConfig(_Section):
     log: LogSection = LogSection()
     parallel: ParallelSection = ParallelSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    evaluation: EvaluationSection = EvaluationSection()
 
     @property
     def out_dir(self) -> Path:
@@ -126,6 +139,8 @@ class RunConfig(_Section):
         from .algorithms import ALGORITHMS
 
         d = self.model_dump(exclude_none=True)
+        if not d["problem"].get("args"):
+            d["problem"].pop("args", None)  # most problems take none
         algo_cls = ALGORITHMS[self.algorithm.name]
         for name, f in algo_cls.hyper_parameters().items():
             d["algorithm"].setdefault(name, f.default)
@@ -231,18 +246,23 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
     from .algorithms import ALGORITHMS, MultiObjectiveAlgorithm
 
     cls = ALGORITHMS[cfg.algorithm.name]
-    m = getattr(problem, "num_objectives", 1)
-    multi = issubclass(cls, MultiObjectiveAlgorithm)
-    if multi != (m > 1):
-        kind = lambda c: "multi-objective" if issubclass(c, MultiObjectiveAlgorithm) else "single-objective"  # noqa: E731
-        fits = sorted(n for n, c in ALGORITHMS.items() if issubclass(c, MultiObjectiveAlgorithm) == (m > 1))
+    objectives = getattr(problem, "num_objectives", 1)
+    if cls.multi_objective != (objectives > 1):
+        fits = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.multi_objective == (objectives > 1))
+        if objectives > 1:
+            raise ConfigError(
+                f"{where}: problem '{cfg.problem.name}' has {objectives} objectives, but algorithm "
+                f"'{cfg.algorithm.name}' optimises one; multi-objective algorithms: {fits}"
+            )
         raise ConfigError(
-            f"{where}: 'algorithm.name': {cfg.algorithm.name} is {kind(cls)} but problem {cfg.problem.name!r} "
-            f"has {m} objective{'s' if m > 1 else ''}; algorithms for it: {', '.join(fits)}")
-    extra = {"num_objectives": m} if multi else {}
-    if cfg.algorithm_params.get("distributed") and cfg.parallel.microbatch:
-        raise ConfigError(f"{where}: 'parallel.microbatch' does not apply with algorithm.distributed = true: "
-                          "set algorithm.block (rows per block of the distributed step) instead")
+            f"{where}: algorithm '{cfg.algorithm.name}' is multi-objective, but problem "
+            f"'{cfg.problem.name}' has 1 objective; single-objective algorithms: {fits}"
+        )
+    extra = {"num_objectives": objectives} if cls.multi_objective else {}
+    if cfg.algorithm_params.get("distributed") and (cfg.parallel.microbatch or cfg.evaluation.batch_size):
+        raise ConfigError(f"{where}: 'parallel.microbatch' and 'evaluation.batch_size' do not apply with "
+                          "algorithm.distributed = true: set algorithm.block (rows per block of the "
+                          "distributed step, which bounds memory the same way) instead")
     try:
         return cls(
             pop_size=cfg.algorithm.pop_size,
@@ -258,11 +278,13 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
 
 
 def build_problem(cfg: RunConfig, where: str = "config"):
-    from .problems import make_problem
+    """The problem instance; for problems by import path this imports and traces user code, so
+    call it after ``parallel.bind`` (see ``problems.is_deferred``)."""
+    from .problems import create
 
     p = cfg.problem
     try:
-        problem = make_problem(p.name, p.dim, p.lb, p.ub, p.objectives)
+        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.objectives)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}") from None
     if p.ref_point is not None:
@@ -287,10 +309,13 @@ def build_recorder(cfg: RunConfig, problem):
     m = getattr(problem, "num_objectives", 1)
     if m == 1:
         return SingleObjective()
+    # A user's multi-objective problem may know neither: then HV needs problem.ref_point, and
+    # no IGD is logged.
     ref = cfg.problem.ref_point
-    if ref is None and m <= 3:
+    if ref is None and m <= 3 and hasattr(problem, "default_ref_point"):
         ref = problem.default_ref_point()
-    return MultiObjective(m, ref, problem.pareto_front())
+    front = problem.pareto_front() if hasattr(problem, "pareto_front") else None
+    return MultiObjective(m, ref, front)
 
 
 def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:
@@ -321,7 +346,10 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     except ValidationError as e:
         raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
     _check_algorithm(cfg, where)
-    build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
+    from .problems import is_deferred
+
+    if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
+        build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
     return cfg
 
 

@@ -20,7 +20,8 @@ import numpy as np
 from . import __version__, checkpoint, startup
 from .config import RunConfig, build_algorithm, build_problem, build_recorder, dump_config, resume_conflicts
 from .errors import EXIT_STOPPED, CheckpointError, UsageError
-from .parallel import ParallelContext, agree_max, agree_on_error, bcast_from_root, check_replicas, mpi_library
+from .parallel import (ParallelContext, agree_max, agree_on_error, bcast_from_root, check_replicas,
+                       microbatch_rows, mpi_library)
 from .stopping import Deadline, StopFlag, parse_deadline, scheduler_end_time
 from .stopping import signal_name as stop_signal_name
 
@@ -86,6 +87,30 @@ def prepare_run_dir(ctx: ParallelContext, cfg: RunConfig, overwrite: bool, resum
     if error is not None:
         raise error
     return out
+
+
+def probe_batch_size(cfg: RunConfig, problem, algorithm) -> bool | None:
+    """With ``evaluation.batch_size`` below the micro-batch: does evaluating in pieces give the
+    unchunked values bit for bit, on one micro-batch of random candidates? (None: no pieces.)
+
+    A problem whose row values depend on its block's shape would otherwise change the run's last
+    bits silently when a user bounds memory. Problems that are block invariant by construction
+    say so (``block_invariant``: the numerical and CEC 2022 functions, tested bitwise); for the
+    others the probe costs two compilations of the problem."""
+    import jax
+    import jax.numpy as jnp
+
+    from .parallel.evaluate import chunking_is_exact
+
+    mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None)
+    piece = cfg.evaluation.batch_size
+    if not piece or piece >= mb:
+        return None
+    if getattr(problem, "block_invariant", False):
+        return True
+    x = algorithm.uniform_in_bounds(jax.random.PRNGKey(cfg.run.seed), mb)
+    args = (jnp.asarray(1, jnp.int32),) if getattr(problem, "wants_generation", False) else ()
+    return chunking_is_exact(problem.evaluate, x, piece, *args)
 
 
 def run_config_path(run_dir: str | Path) -> Path:
@@ -251,8 +276,15 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     from .workflow import MAX_CHUNK, Workflow, state_digest
 
     cache_dir = enable_compile_cache(cfg)
-    problem = build_problem(cfg)
-    algorithm = build_algorithm(cfg, problem)
+    problem, algorithm, error = None, None, None
+    try:  # a user's problem file may exist on some nodes only: every rank learns of a failure
+        problem = build_problem(cfg)
+        algorithm = build_algorithm(cfg, problem)
+    except UsageError as e:
+        error = e
+    error = agree_on_error(ctx, error)
+    if error is not None:
+        raise error
     t_launch = time.time()
     stop_at = _deadline(ctx, cfg, deadline, t_launch)
     out = prepare_run_dir(ctx, cfg, overwrite, resume)
@@ -261,7 +293,9 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     ckdir = cfg.checkpoint_dir
     config_text = dump_config(cfg)
 
-    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None, build_recorder(cfg, problem))
+    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
+                  cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False),
+                  recorder=build_recorder(cfg, problem))
     loaded = _resume_point(ctx, cfg, wf, report) if resume else None
     start_gen = loaded.header.generation if loaded else 0
     if ctx.is_root:
@@ -277,6 +311,20 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         left = stop_at.at - time.time()
         report.line(f"deadline in {left / 60:.1f} min ({stop_at.source}); stopping {stop_at.margin:.0f} s "
                     "before it, plus the time a chunk and a checkpoint take")
+    if ctx.size > wf.microbatches:
+        report.line(
+            f"warning: {ctx.size} ranks but only {wf.microbatches} micro-batches per generation: "
+            f"{ctx.size - wf.microbatches} rank(s) have nothing to evaluate. Set parallel.microbatch "
+            f"<= {max(1, algorithm.num_ask // ctx.size)} to give every rank work (it changes the run's "
+            "last bits, but the same setting gives the same result at any rank count)", err=True)
+    exact = probe_batch_size(cfg, problem, algorithm)
+    if exact is False:
+        report.line(
+            f"warning: evaluation.batch_size = {cfg.evaluation.batch_size}: problem {cfg.problem.name} "
+            "gives other last bits in pieces than in whole micro-batches (its values depend on the "
+            "block's shape). This run is reproducible at any rank count with this batch_size, "
+            "but not bitwise equal to a run without it."
+        )
 
     startup.mark("setup")
     t0 = time.perf_counter()
@@ -386,6 +434,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         **outcome,  # best fitness and solution; or the front, its hypervolume and IGD
         "generations": gen,
         "evaluations": evals,
+        "batch_size_exact": exact,
         "resumed_from": start_gen or None,
         "checkpoint": str(last_ckpt_path) if last_ckpt_path else None,
         "wall_s": wall,

@@ -73,10 +73,15 @@ class Workflow:
     ``parallel.ShardedESStep``: no rank ever holds the whole population.
     """
 
-    def __init__(self, algorithm: Algorithm, evaluate: Callable[[jax.Array], jax.Array], ctx: ParallelContext,
-                 microbatch: int | None = None, recorder: Any = None):
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
+                 microbatch: int | None = None, batch_size: int | None = None,
+                 with_generation: bool = False, recorder: Any = None):
+        """``with_generation``: call ``evaluate(x, generation)`` with the number of the generation
+        being evaluated (1 = the initial population), for problems that draw new random
+        scenarios each generation; ``batch_size``: see ``ShardedEvaluator``."""
         self.algorithm = algorithm
         self.ctx = ctx
+        self._with_generation = with_generation
         self.recorder = recorder if recorder is not None else SingleObjective()
         if getattr(algorithm, "distributed", False):
             self._es = ShardedESStep(algorithm, evaluate, ctx)
@@ -84,8 +89,8 @@ class Workflow:
             self._shards = (jnp.asarray(self._es.shard), jnp.asarray(self._es.shard))
         else:
             self._es = None
-            self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch)
-            self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch)
+            self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size)
+            self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size)
             # Which micro-batches this rank evaluates travels as data, not as a compile-time
             # constant, so every rank at every rank count compiles the same program.
             self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))
@@ -99,24 +104,25 @@ class Workflow:
         return self.recorder.history_type._fields
 
     # -- jitted pieces -------------------------------------------------------------------------
-    def _step(self, algo: Any, shard, evaluator, ask, tell):
+    def _step(self, state, algo: Any, shard, evaluator, ask, tell):
+        args = (state.generation + 1,) if self._with_generation else ()
         if self._es is not None:
-            return self._es(algo, shard)
+            return self._es(algo, shard, *args)
         candidates, algo = ask(algo)
-        raw = evaluator(candidates, shard)
+        raw = evaluator(candidates, shard, *args)
         algo = tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         return algo, raw, lambda i: candidates[i]
 
     def _first_generation(self, key: jax.Array, shards):
-        algo = self.algorithm.init(key)
-        empty = self.recorder.empty(self.algorithm, algo)
         a = self.algorithm
-        algo, raw, pick = self._step(algo, shards[0], self._eval_init, a.init_ask, a.init_tell)
+        algo = a.init(key)
+        empty = self.recorder.empty(a, algo)
+        algo, raw, pick = self._step(empty, algo, shards[0], self._eval_init, a.init_ask, a.init_tell)
         return self.recorder.record(a, empty, raw, algo, pick)
 
     def _generation(self, state, shards):
         a = self.algorithm
-        algo, raw, pick = self._step(state.algo, shards[1], self._eval_step, a.ask, a.tell)
+        algo, raw, pick = self._step(state, state.algo, shards[1], self._eval_step, a.ask, a.tell)
         return self.recorder.record(a, state, raw, algo, pick)
 
     def _run_chunk(self, state, n: jax.Array, shards):
@@ -149,6 +155,12 @@ class Workflow:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
         state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self._shards)
         return state, _host_history(hist, n)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches (blocks, in the distributed ES mode) per generation: no more ranks than
+        this have evaluation work."""
+        return self._es.k if self._es is not None else self._eval_step.k
 
     def template(self, seed: int = 0) -> Any:
         """The shapes and dtypes of the loop state (no computation): what a checkpoint must hold."""

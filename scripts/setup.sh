@@ -88,9 +88,10 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 SRC_FLAGS=()
 [ -n "${HPCEVO_REBUILD:-}" ] && SRC_FLAGS=(--no-cache-dir --force-reinstall --no-deps)
 
-say "installing jax, numpy and build tools"
+say "installing jax, numpy, build tools and the problems' libraries"
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
-  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout cma
+  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout cma \
+  gymnax six flax opfunu minionpy pymoo moocore
 
 say "building mpi4py against $MPICC_PATH"
 env CC="$MPICC" MPICC="$MPICC" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \

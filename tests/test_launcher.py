@@ -122,3 +122,71 @@ def test_info_describes_every_rank():
     r = hpcevo(2, "info", str(EXAMPLE), "--set", "parallel.device='gpu'", timeout=120)
     assert r.returncode == 2 and r.stderr.count("hpcevo: error:") == 1
     assert "parallel.device = 'gpu' but no GPU is usable" in r.stderr
+
+
+USER_PROBLEM = (
+    "import jax.numpy as jnp\n"
+    "def weighted_sphere(x, power=2.0):\n"
+    "    return jnp.sum(jnp.arange(1.0, x.shape[0] + 1.0) * jnp.abs(x - 0.5) ** power)\n"
+)
+
+
+def test_user_problem_file_same_digest_at_1_and_3_ranks(tmp_path):
+    (tmp_path / "myproblem.py").write_text(USER_PROBLEM)
+    config = tmp_path / "user.toml"
+    config.write_text(
+        '[run]\nname = "user"\nseed = 5\ngenerations = 15\n'
+        '[algorithm]\nname = "cso"\npop_size = 40\n'
+        '[problem]\nname = "myproblem.py:weighted_sphere"\ndim = 7\nlb = -3.0\nub = 3.0\n'
+        '[problem.args]\npower = 3.0\n'
+    )
+    digests = {}
+    for n in (None, 3):
+        r = hpcevo(n, "run", str(config), "--set", f"run.out={tmp_path / f'n{n}'}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        s = json.loads((tmp_path / f"n{n}" / "summary.json").read_text())
+        assert s["problem"] == "myproblem.py:weighted_sphere" and s["dim"] == 7
+        digests[n] = (s["state_digest"], s["best_fitness"])
+    assert digests[3] == digests[None]
+    # A mistake in it: exit 2 on every rank, one message naming the problem, no traceback.
+    r = hpcevo(3, "run", str(config), "--set", "problem.args.powr=3.0", "--set",
+               f"run.out={tmp_path / 'bad'}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("hpcevo: error:") == 1 and "Traceback" not in r.stderr
+    assert "myproblem.py:weighted_sphere" in r.stderr and "unexpected keyword argument 'powr'" in r.stderr
+
+
+def test_neuro_cartpole_example_reaches_500_on_2_ranks(tmp_path):
+    r = hpcevo(2, "run", str(ROOT / "examples" / "neuro_cartpole.toml"), "--set", "run.generations=8",
+               "--set", f"run.out={tmp_path}", timeout=600)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["best_fitness"] == -500.0  # a policy's mean return over its episodes was 500
+    assert s["dim"] == 4 * 16 + 16 + 16 * 2 + 2
+
+
+def test_second_launch_loads_its_programs_from_the_compilation_cache(tmp_path):
+    """parallel.compile_cache: the first run compiles and fills the cache; the second finds every
+    program there and writes nothing new. Same digest either way; summary.json names the cache
+    and the start-up phases (benchmarks/perf_suite.py part 4 measures how much sooner it starts)."""
+    env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    cache = tmp_path / "cache"
+    summaries = []
+    for i in (1, 2):
+        out = tmp_path / f"r{i}"
+        r = subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, "-m", "hpcevo", "run", str(EXAMPLE), "--set", "run.generations=5",
+             "--set", f"run.out={out}", "--set", f"parallel.compile_cache={cache}", "-q"],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        summaries.append(json.loads((out / "summary.json").read_text()))
+        if i == 1:
+            entries = sorted(p.name for p in cache.glob("*-cache"))
+            assert any(n.startswith("jit__run_chunk") for n in entries), entries
+        else:
+            assert sorted(p.name for p in cache.glob("*-cache")) == entries  # nothing new to write
+    assert summaries[0]["compile_cache"] == summaries[1]["compile_cache"] == str(cache)
+    assert summaries[0]["state_digest"] == summaries[1]["state_digest"]
+    assert set(summaries[1]["startup_s"]) >= {"python", "imports_mpi", "config", "setup", "compile",
+                                              "first_generation", "total"}

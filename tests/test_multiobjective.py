@@ -8,6 +8,7 @@ import json
 
 import jax
 import jax.numpy as jnp
+import moocore
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -21,8 +22,6 @@ from hpcevo.indicators import hypervolume, igd
 from hpcevo.parallel import context_for
 from hpcevo.problems import MO_PROBLEMS, make_problem
 from hpcevo.runner import execute
-
-moocore = pytest.importorskip("moocore")
 
 single = pytest.mark.single_process
 
@@ -260,10 +259,11 @@ def _mo_config(out, **over):
 
 @single
 def test_config_refuses_mismatched_algorithm_and_problem(tmp_path):
-    with pytest.raises(ConfigError, match="cso is single-objective but problem 'zdt2' has 2 objectives; "
-                                          "algorithms for it: moead, nsga2"):
+    with pytest.raises(ConfigError, match="problem 'zdt2' has 2 objectives, but algorithm 'cso' optimises "
+                                          "one; multi-objective algorithms: moead, nsga2"):
         _mo_config(tmp_path, algorithm__name="cso")
-    with pytest.raises(ConfigError, match="nsga2 is multi-objective but problem 'sphere' has 1 objective"):
+    with pytest.raises(ConfigError, match="algorithm 'nsga2' is multi-objective, but problem 'sphere' has 1 "
+                                          "objective; single-objective algorithms: cmaes"):
         _mo_config(tmp_path, problem__name="sphere")
     with pytest.raises(ConfigError, match="'problem.ref_point': need 2 finite numbers"):
         _mo_config(tmp_path, problem__ref_point=[1.0, 2.0, 3.0])

@@ -16,7 +16,7 @@ on every MPI rank, where identical inputs give bitwise identical states.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,9 @@ class Algorithm:
     lb: tuple[float, ...]
     ub: tuple[float, ...]
     dtype: str = "float32"
+
+    # Whether ``tell`` takes (n, m) fitness for m objectives; single-objective ones take (n,).
+    multi_objective: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.pop_size < 1:
@@ -99,6 +102,7 @@ class MultiObjectiveAlgorithm(Algorithm):
     """
 
     num_objectives: int = 2
+    multi_objective: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -37,10 +37,8 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import mpi4jax
 import numpy as np
 from jax import lax
-from mpi4py import MPI
 
 from .context import ParallelContext
 from .evaluate import _UINT, shard_of
@@ -53,7 +51,7 @@ class ShardedESStep:
     best-so-far tracking.
     """
 
-    def __init__(self, algorithm, fn: Callable[[jax.Array], jax.Array], ctx: ParallelContext):
+    def __init__(self, algorithm, fn: Callable[..., jax.Array], ctx: ParallelContext):
         self.algorithm, self.fn, self.ctx = algorithm, fn, ctx
         self.units = algorithm.units
         self.b = algorithm.block_rows
@@ -62,6 +60,9 @@ class ShardedESStep:
 
     def _merge(self, values: jax.Array) -> jax.Array:
         # Issued at one rank too, as in evaluate.py: every rank count compiles the same program.
+        import mpi4jax  # here, not at import, as in evaluate.py
+        from mpi4py import MPI
+
         utype = _UINT[jnp.dtype(values.dtype).itemsize]
         bits = mpi4jax.allreduce(lax.bitcast_convert_type(values, utype), op=MPI.BOR, comm=self.ctx.comm_jax)
         return lax.bitcast_convert_type(bits, values.dtype)
@@ -73,7 +74,8 @@ class ShardedESStep:
         # Rows past the last unit (the last block's padding) are zero, as in the replicated tell.
         return jnp.where((first + jnp.arange(b) < self.units)[:, None], z, 0)
 
-    def __call__(self, state: Any, shard: jax.Array):
+    def __call__(self, state: Any, shard: jax.Array, *args):
+        """``args`` (e.g. the generation number) are passed on to the problem function."""
         a, b, k, units = self.algorithm, self.b, self.k, self.units
         c = a.copies
         dtype = jnp.dtype(a.dtype)
@@ -82,7 +84,7 @@ class ShardedESStep:
         def evaluate(i, out):
             j = shard[0] + i
             x = a.expand(state, self._block_noise(key, j))
-            f = self.fn(x).astype(dtype).reshape(c, 1, b)
+            f = self.fn(x, *args).astype(dtype).reshape(c, 1, b)
             return lax.dynamic_update_slice(out, f, (0, j, 0))
 
         f = lax.fori_loop(0, shard[1], evaluate, jnp.zeros((c, k, b), dtype))

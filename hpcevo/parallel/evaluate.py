@@ -12,6 +12,14 @@ several dimensions). That would break "the same seed gives bitwise the same run 
 count". Here every shape depends on the batch size and ``mb`` only, never on the rank count, and
 the range a rank owns is a runtime argument (``shard``), not a constant XLA could specialise on:
 all ranks at all rank counts run one and the same program on different data.
+
+Bounded memory (``batch_size``): a micro-batch larger than ``batch_size`` rows is evaluated in
+``ceil(mb / batch_size)`` pieces of ``batch_size`` rows, one after another (``lax.map``), so the
+problem's intermediates never hold more rows than that. The pieces, like the micro-batches, are
+fixed by the population and the setting, never by the rank count. Whether a row's value is also
+the same as in the unchunked run depends on the problem: it is, bit for bit, when a row's value
+does not depend on the shape of the block it is evaluated in. hpcevo's own functions are written
+that way (``numerical.py``, ``cec2022.py``; tested); for others ``chunking_is_exact`` probes it.
 """
 
 from __future__ import annotations
@@ -20,10 +28,8 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import mpi4jax
 import numpy as np
 from jax import lax
-from mpi4py import MPI
 
 from .context import ParallelContext
 
@@ -53,14 +59,27 @@ class ShardedEvaluator:
     """``evaluate(candidates, shard) -> fitness``: jittable, (n, dim) -> (n,) or, for a
     multi-objective problem, (n, m); the result is replicated."""
 
-    def __init__(self, fn: Callable[[jax.Array], jax.Array], n: int, ctx: ParallelContext,
-                 microbatch: int | None = None):
+    def __init__(self, fn: Callable[..., jax.Array], n: int, ctx: ParallelContext,
+                 microbatch: int | None = None, batch_size: int | None = None):
         self.fn, self.n, self.ctx = fn, n, ctx
         self.mb = microbatch_rows(n, microbatch)
         self.k = -(-n // self.mb)
         self.shard = np.asarray(shard_of(n, self.mb, ctx.size, ctx.rank), np.int32)
+        self.piece = min(batch_size, self.mb) if batch_size else self.mb
 
-    def __call__(self, candidates: jax.Array, shard: jax.Array) -> jax.Array:
+    def _micro(self, x: jax.Array, args: tuple) -> jax.Array:
+        """The fitness of one micro-batch, in pieces of at most ``self.piece`` rows."""
+        mb, piece = self.mb, self.piece
+        if piece == mb:
+            return self.fn(x, *args)
+        pieces = -(-mb // piece)
+        if pieces * piece > mb:  # pad with the micro-batch's first row, dropped below
+            x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pieces * piece - mb, x.shape[1]))])
+        f = lax.map(lambda xp: self.fn(xp, *args), x.reshape(pieces, piece, x.shape[1]))
+        return f.reshape(pieces * piece, *f.shape[2:])[:mb]
+
+    def __call__(self, candidates: jax.Array, shard: jax.Array, *args) -> jax.Array:
+        """``args`` (e.g. the generation number) are passed on to the problem function."""
         n, mb, k = self.n, self.mb, self.k
         candidates = lax.optimization_barrier(candidates)
         if k * mb > n:
@@ -71,17 +90,32 @@ class ShardedEvaluator:
         batches = candidates.reshape(k, mb, candidates.shape[1])
         dtype = candidates.dtype
         utype = _UINT[jnp.dtype(dtype).itemsize]
-        per_row = jax.eval_shape(self.fn, jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
+        per_row = jax.eval_shape(lambda x: self.fn(x, *args),
+                                 jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
 
         def body(i, out):
             j = shard[0] + i
             x = lax.dynamic_index_in_dim(batches, j, keepdims=False)
-            f = self.fn(x).astype(dtype)
+            f = self._micro(x, args).astype(dtype)
             return lax.dynamic_update_index_in_dim(out, lax.bitcast_convert_type(f, utype), j, 0)
 
         bits = lax.fori_loop(0, shard[1], body, jnp.zeros((k, mb, *per_row), utype))
         # Issued at one rank too (where it is a copy): leaving it out changes how XLA compiles
         # the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
+        import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
+        from mpi4py import MPI
+
         bits = mpi4jax.allreduce(bits, op=MPI.BOR, comm=self.ctx.comm_jax)
         fitness = lax.bitcast_convert_type(bits, dtype).reshape(k * mb, *per_row)[:n]
         return lax.optimization_barrier(fitness)
+
+
+def chunking_is_exact(fn: Callable[..., jax.Array], x: jax.Array, piece: int, *args) -> bool:
+    """Whether evaluating the block ``x`` in pieces of ``piece`` rows gives bitwise the values of
+    evaluating it whole (for this ``x``: a probe, not a proof). Compiles ``fn`` at two shapes."""
+    whole = jax.jit(lambda a: fn(a, *args))(x)
+    n = x.shape[0]
+    pieces = -(-n // piece)
+    padded = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pieces * piece - n, x.shape[1]))])
+    parts = jax.jit(lambda a: lax.map(lambda p: fn(p, *args), a))(padded.reshape(pieces, piece, -1))
+    return bool(jnp.array_equal(parts.reshape(pieces * piece, *parts.shape[2:])[:n], whole))

@@ -1,12 +1,26 @@
-"""Benchmark problems: pure JAX objective functions (minimised) and their registry.
+"""Problems: pure JAX objective functions (minimised) and the registry the config names them by.
 
-Single-objective problems (``numerical.py``) return one value per candidate; multi-objective
-ones (``multiobjective.py``: ZDT, DTLZ) return ``num_objectives`` values.
+Every problem has ``name``, ``dim``, ``lb`` and ``ub`` (tuples, one bound per coordinate),
+``num_objectives`` (1 unless it says otherwise) and ``evaluate(x)``: ``(n, dim) -> (n,)``.
+A problem with ``wants_generation = True`` is called ``evaluate(x, generation)`` instead, with
+the number of the generation being evaluated (1 for the initial population): for problems that
+draw fresh random scenarios each generation, identically on every rank (neuroevolution).
+
+Multi-objective problems (``multiobjective.py``: ZDT 1-4, 6 and DTLZ 1-7) return
+``num_objectives`` values per candidate, ``(n, dim) -> (n, m)``.
+
+Names: the classic functions of ``numerical.py`` (``sphere``, ``ackley``...), ZDT and DTLZ, the CEC 2022 suite
+(``cec2022_f1``..``cec2022_f12``), ``neuro`` (an MLP policy on a gymnax environment), and a
+user's own problem by import path (``package.module:function`` or ``path/file.py:function``).
 """
 
+from __future__ import annotations
+
 import difflib
+from typing import Any
 
 from . import numerical
+from .cec2022 import NAMES as CEC2022_NAMES
 from .multiobjective import MO_PROBLEMS, MOProblem, make_mo_problem
 from .numerical import (
     PROBLEMS,
@@ -20,36 +34,84 @@ from .numerical import (
     schwefel,
     sphere,
 )
+from .user import is_import_path
+
+__all__ = [
+    "CEC2022_NAMES",
+    "MO_PROBLEMS",
+    "MOProblem",
+    "PROBLEMS",
+    "NumericalProblem",
+    "ProblemSpec",
+    "ackley",
+    "create",
+    "ellipsoid",
+    "griewank",
+    "is_deferred",
+    "make_problem",
+    "rastrigin",
+    "rosenbrock",
+    "schwefel",
+    "sphere",
+]
+
+
+def _unknown_name(name: object) -> ValueError:
+    near = difflib.get_close_matches(str(name), [*PROBLEMS, *MO_PROBLEMS], n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ValueError(f"unknown problem {name!r}{hint} (valid: {', '.join(sorted(PROBLEMS))}; "
+                      f"multi-objective: {', '.join(MO_PROBLEMS)})")
 
 
 def make_problem(name: str, dim: int, lb=None, ub=None, objectives: int | None = None):
-    """The problem ``name`` in ``dim`` dimensions (``objectives``: for the scalable DTLZ problems);
-    bounds default to its conventional domain. Raises ValueError naming what is allowed."""
+    """The built-in problem ``name`` in ``dim`` dimensions (``objectives``: for the scalable DTLZ
+    problems); bounds default to its conventional domain. Raises ValueError naming what is allowed."""
     if name in MO_PROBLEMS:
         return make_mo_problem(name, dim, lb, ub, objectives)
     if name not in PROBLEMS:
-        near = difflib.get_close_matches(str(name), [*PROBLEMS, *MO_PROBLEMS], n=1)
-        hint = f"; did you mean '{near[0]}'?" if near else ""
-        raise ValueError(f"unknown problem {name!r}{hint} (valid: {', '.join(sorted(PROBLEMS))}; "
-                         f"multi-objective: {', '.join(MO_PROBLEMS)})")
+        raise _unknown_name(name)
     if objectives not in (None, 1):
         raise ValueError(f"{name} is single-objective; objectives = {objectives} applies to the "
                          f"multi-objective problems ({', '.join(MO_PROBLEMS)})")
     return numerical.make_problem(name, dim, lb, ub)
 
 
-__all__ = [
-    "MO_PROBLEMS",
-    "MOProblem",
-    "PROBLEMS",
-    "NumericalProblem",
-    "ProblemSpec",
-    "make_problem",
-    "ackley",
-    "ellipsoid",
-    "griewank",
-    "rastrigin",
-    "rosenbrock",
-    "schwefel",
-    "sphere",
-]
+def is_deferred(name: str) -> bool:
+    """Problems whose construction imports user code or an environment library, which may touch
+    JAX's backend: they are built once the rank is bound to its device, not while a config is
+    only being validated."""
+    return is_import_path(name) or name == "neuro"
+
+
+def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
+           batched: bool | None = None, dtype: str = "float32", objectives: int | None = None):
+    """The problem the config's ``[problem]`` section describes; ``ValueError`` for bad input."""
+    args = dict(args or {})
+    if objectives is not None and name not in MO_PROBLEMS:
+        raise ValueError(f"{name}: problem.objectives applies to the scalable multi-objective problems "
+                         f"({', '.join(n for n in MO_PROBLEMS if n.startswith('dtlz'))}), not to this one")
+    if is_import_path(name):
+        from .user import load_user_problem
+
+        return load_user_problem(name, dim, lb, ub, args, batched, dtype)
+    if batched is not None:
+        raise ValueError(f"{name}: problem.batched is for problems named by import path only")
+    if name == "neuro":
+        from .neuro import make_neuro
+
+        return make_neuro(dim, lb, ub, args)
+    if args:
+        raise ValueError(f"{name}: takes no [problem.args] (got {', '.join(sorted(args))})")
+    if name in MO_PROBLEMS:
+        return make_mo_problem(name, dim, lb, ub, objectives)
+    if name in CEC2022_NAMES:
+        from .cec2022 import make_cec2022
+
+        return make_cec2022(name, dim, lb, ub)
+    if name not in PROBLEMS:
+        err = _unknown_name(name)
+        raise ValueError(f"{err}; also cec2022_f1..cec2022_f12, neuro, or your own as "
+                         "'package.module:function' or 'path/to/file.py:function'")
+    if dim is None:
+        raise ValueError(f"{name}: problem.dim is required")
+    return make_problem(name, dim, lb, ub)

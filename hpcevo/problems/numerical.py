@@ -29,7 +29,7 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, ClassVar, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -291,6 +291,9 @@ class NumericalProblem:
     dim: int
     lb: tuple[float, ...]  # per-coordinate lower bounds, length dim
     ub: tuple[float, ...]
+
+    # A row's value never depends on its block (see "Bitwise block invariance" above).
+    block_invariant: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         # Checked here too (not only in make_problem) so a hand-built instance is never invalid.

@@ -1,0 +1,254 @@
+"""Problems users bring: a JAX function or class named by import path, checked at start-up.
+
+``problem.name`` is ``"package.module:attribute"`` (imported like any module: installed, or on
+``PYTHONPATH``; ``python -m hpcevo`` also finds modules in the working directory) or
+``"path/to/file.py:attribute"`` (a path relative to the working directory). The attribute is
+
+* a function, called as ``f(x, **args)`` with ``args`` the ``[problem.args]`` table; or
+* a class, instantiated once as ``C(**args)`` (plus ``dim=`` when its constructor takes ``dim``
+  and ``args`` does not give it); the instance's ``evaluate`` method, or the instance itself if
+  it is callable, is then called as ``g(x)``.
+
+Per-individual or batch: a function of one candidate (``(dim,) -> ()``) is vectorised with
+``jax.vmap``; a batch function (``(n, dim) -> (n,)``) is used as is. Which one it is comes from a
+declaration, ``problem.batched = true|false`` in the config or a ``batched`` attribute on the
+function or instance, and otherwise from its shapes: ``jax.eval_shape`` (tracing only, nothing is
+computed) on a block of ``n`` rows (``n`` = 2, or 3 when dim is 2, so that ``n != dim``); if that
+returns ``(n,)`` the function is a batch function, else it must map ``(dim,)`` to ``()``. A
+per-individual function that happens to work on blocks (``jnp.sum(x**2, axis=-1)``) is then
+used as a batch function, which gives the same values.
+
+Optional attributes of the function or instance: ``dim`` (must agree with ``problem.dim``),
+``lb`` / ``ub`` (a number or one per coordinate; ``problem.lb`` / ``problem.ub`` win),
+``num_objectives`` (default 1: one value per candidate; m > 1: ``(n, m)`` / ``(m,)``).
+
+Every mistake (a missing file or module, a missing attribute, arguments the function does not
+take, a wrong output shape, an exception while tracing) raises ``ValueError`` with one message
+that names the problem; the config layer turns it into ``ConfigError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from .numerical import _bounds
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+@dataclass(frozen=True, eq=False)
+class UserProblem:
+    """A user's function, vectorised when it is per-individual; ``evaluate: (n, dim) -> (n,)``."""
+
+    name: str
+    dim: int
+    lb: tuple[float, ...]
+    ub: tuple[float, ...]
+    fn: Callable[[jax.Array], jax.Array]
+    batched: bool
+    num_objectives: int = 1
+
+    def evaluate(self, x) -> jax.Array:
+        return self.fn(x) if self.batched else jax.vmap(self.fn)(x)
+
+    __call__ = evaluate
+
+
+def _fail(name: str, text: str) -> ValueError:
+    return ValueError(f"problem '{name}': {text}")
+
+
+def _exc(e: BaseException) -> str:
+    first = (str(e).strip().splitlines() or [""])[0].rstrip(".")
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _where_in(e: BaseException, path: str | None) -> str:
+    """' (file.py, line N)' for the innermost frame in ``path`` (or the innermost frame)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" ({e.filename}, line {e.lineno})"
+    if path is not None:
+        frames = [f for f in frames if f.filename == path] or frames
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def _load_module(name: str, target: str):
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise _fail(name, f"file '{target}' not found (relative paths are taken from the "
+                              f"working directory, {Path.cwd()})")
+        path = path.resolve()
+        # A name of its own per file, so two problem files called problem.py cannot collide.
+        mod_name = f"hpcevo_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if mod_name in sys.modules:
+            return sys.modules[mod_name]
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module  # dataclasses and pickling look modules up here
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as e:
+            del sys.modules[mod_name]
+            if not isinstance(e, Exception):
+                raise
+            raise _fail(name, f"loading '{target}' failed: {_exc(e)}{_where_in(e, str(path))}") from None
+        return module
+    if not all(part.isidentifier() for part in target.split(".")):
+        raise _fail(name, f"'{target}' is neither a module name (a.b.c) nor a .py file")
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        if e.name and (target == e.name or target.startswith(e.name + ".")):
+            raise _fail(name, f"no module named '{e.name}' (install it or put its directory on "
+                              "PYTHONPATH; a file is named as path/to/file.py:function)") from None
+        raise _fail(name, f"importing '{target}' failed: {_exc(e)}{_where_in(e, None)}") from None
+    except Exception as e:
+        raise _fail(name, f"importing '{target}' failed: {_exc(e)}{_where_in(e, None)}") from None
+
+
+def _attribute(name: str, module, target: str, attr: str):
+    obj = module
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(obj, part):
+            where = ".".join(attr.split(".")[:i]) or target
+            public = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, public, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise _fail(name, f"'{where}' has no attribute '{part}'{hint}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_args(name: str, call: Callable, args: dict, lead: tuple) -> None:
+    """Bind the arguments to the signature now, for a message naming the bad key."""
+    try:
+        sig = inspect.signature(call)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: the trace below will tell
+    try:
+        sig.bind(*lead, **args)
+    except TypeError as e:
+        params = ", ".join(sig.parameters)
+        raise _fail(name, f"[problem.args] do not fit its signature ({params}): {e}") from None
+
+
+def _instantiate(name: str, cls: type, args: dict, dim: int | None):
+    kwargs = dict(args)
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "dim" in params and "dim" not in kwargs and dim is not None:
+        kwargs["dim"] = dim
+    _check_args(name, cls, kwargs, ())
+    try:
+        inst = cls(**kwargs)
+    except Exception as e:
+        raise _fail(name, f"{cls.__name__}(**args) raised {_exc(e)}{_where_in(e, None)}") from None
+    fn = getattr(inst, "evaluate", None)
+    if fn is None:
+        if not callable(inst):
+            raise _fail(name, f"an instance of {cls.__name__} has no evaluate method and is not callable")
+        fn = inst
+    return inst, fn
+
+
+def _shape_of(fn, shape, dtype):
+    try:
+        out = jax.eval_shape(fn, jax.ShapeDtypeStruct(shape, dtype))
+    except Exception as e:
+        return None, f"raised {_exc(e)}"
+    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+        return None, f"returned {type(out).__name__}, not an array"
+    if not (jnp.issubdtype(out.dtype, jnp.floating) or jnp.issubdtype(out.dtype, jnp.integer)):
+        return None, f"returned an array of {out.dtype}, not numbers"
+    return out.shape, None
+
+
+def _detect_batched(name: str, fn, dim: int, m: int, dtype, declared: bool | None) -> bool:
+    tail = () if m == 1 else (m,)
+    n = 3 if dim == 2 else 2
+    want = f"{tail}" if m > 1 else "()"
+    if declared is not True:
+        single, why_single = _shape_of(fn, (dim,), dtype)
+    if declared is not False:
+        block, why_block = _shape_of(fn, (n, dim), dtype)
+        if block == (n, *tail):
+            return True
+        if declared:
+            got = why_block or f"returned shape {block}"
+            raise _fail(name, f"declared batched: a block of shape ({n}, {dim}) must give "
+                              f"{(n, *tail)}, but it {got}")
+    if single == tail:
+        return False
+    got = why_single or f"returned shape {single}"
+    several = m == 1 and single is not None and len(single) == 1
+    objectives = " (for several objectives, declare num_objectives on the problem)" if several else ""
+    if declared is False:
+        raise _fail(name, f"declared per-individual: a candidate of shape ({dim},) must give "
+                          f"shape {want}, but it {got}{objectives}")
+    block_got = why_block or f"returned shape {block}"
+    raise _fail(name, f"it must map one candidate of shape ({dim},) to shape {want}, or a block "
+                      f"({n}, {dim}) to {(n, *tail)}; for one candidate it {got}, for a block it "
+                      f"{block_got}{objectives}")
+
+
+def load_user_problem(name: str, dim: int | None, lb, ub, args: dict[str, Any],
+                      batched: bool | None = None, dtype: str = "float32") -> UserProblem:
+    """Import, instantiate and check the problem ``name`` (see the module docstring)."""
+    target, _, attr = name.rpartition(":")
+    if not target or not attr or not all(p.isidentifier() for p in attr.split(".")):
+        raise _fail(name, "expected 'package.module:function' or 'path/to/file.py:function'")
+    obj = _attribute(name, _load_module(name, target), target, attr)
+    if isinstance(obj, type):
+        meta, fn = _instantiate(name, obj, args, dim)
+    elif callable(obj):
+        _check_args(name, obj, args, (None,))
+        meta, fn = obj, (functools.partial(obj, **args) if args else obj)
+    else:
+        raise _fail(name, f"'{attr}' is a {type(obj).__name__}, not a function or a class")
+
+    own_dim = getattr(meta, "dim", None)
+    if own_dim is not None and dim is not None and own_dim != dim:
+        raise _fail(name, f"problem.dim = {dim} but the problem says its dim is {own_dim}")
+    dim = dim if dim is not None else own_dim
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise _fail(name, "set problem.dim (a positive integer), or give the problem a dim attribute"
+                    if dim is None else f"dim must be a positive integer, got {dim!r}")
+    m = getattr(meta, "num_objectives", 1)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise _fail(name, f"num_objectives must be a positive integer, got {m!r}")
+    bounds = []
+    for which, given in (("lb", lb), ("ub", ub)):
+        value = given if given is not None else getattr(meta, which, None)
+        if value is None:
+            raise _fail(name, f"no {which}: set problem.{which} (a number or one per coordinate), "
+                              f"or give the problem an {which} attribute")
+        bounds.append(_bounds(name, which, value, 0.0, dim))
+        if not all(math.isfinite(v) for v in bounds[-1]):
+            raise _fail(name, f"{which} must be finite, got {value!r}")
+    for i, (lo, hi) in enumerate(zip(*bounds)):
+        if not lo < hi:
+            raise _fail(name, f"lb must be < ub in every coordinate, but at coordinate {i} lb = {lo} and ub = {hi}")
+    if batched is None:
+        batched = getattr(meta, "batched", None)
+    is_batched = _detect_batched(name, fn, dim, m, jnp.dtype(dtype), batched)
+    return UserProblem(name, dim, bounds[0], bounds[1], fn, is_batched, m)

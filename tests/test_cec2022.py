@@ -1,0 +1,100 @@
+"""CEC 2022 F1-F12 against the organisers' code (compiled in minionpy), and opfunu where it agrees.
+
+Each (function, dimension) pair is checked on 1,000 uniform random points of [-100, 100]^D plus
+the optimum, in float64, to 1e-6 relative error (the JAX suite agrees to ~1e-15). The 24 pairs
+are shared out over the ranks of the job (pair i on rank i % size), so every pass checks all of
+them once and a pass at N ranks costs what one rank would: compiling the 24 programs is what
+takes the time.
+
+opfunu 1.0.4, the package the issue named as the reference, implements a different suite: it
+agrees with the organisers' code on F2 only (F1: its Zakharov drops the 0.5 i weights; F3-F5:
+other scalings and a two-column Rastrigin; F6-F8: shuffles before rotating; F9-F12: shifts every
+component by the first optimum and uses other lambdas), by 30% to orders of magnitude. The
+shift/rotation/shuffle data it ships are identical to the organisers' files and to minionpy's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hpcevo.config import config_from_dict
+from hpcevo.errors import ConfigError
+from hpcevo.problems import CEC2022_NAMES, cec2022, create
+
+PAIRS = [(f, d) for f in range(1, 13) for d in (10, 20)]
+
+
+def _points(number: int, dim: int) -> np.ndarray:
+    x = np.random.default_rng([2022, number, dim]).uniform(-100.0, 100.0, size=(1000, dim))
+    return np.concatenate([x, create(f"cec2022_f{number}", dim).optimum_x()[None]])
+
+
+def test_matches_the_organisers_code(ctx):
+    import minionpy  # a test dependency: requirements/stack.txt, scripts/setup.sh
+    mine = [p for i, p in enumerate(PAIRS) if i % ctx.size == ctx.rank]
+    checked = []
+    with jax.enable_x64(True):
+        for number, dim in mine:
+            x = _points(number, dim)
+            want = np.asarray(minionpy.CEC2022Functions(number, dim)(x))
+            got = np.asarray(jax.jit(create(f"cec2022_f{number}", dim).evaluate)(jnp.asarray(x)))
+            rel = np.abs(got - want) / np.abs(want)
+            assert rel.max() < 1e-6, f"F{number} D={dim}: max relative error {rel.max():.3g}"
+            assert got[-1] == cec2022.BIAS[number - 1]  # the optimum, exactly
+            checked.append((number, dim))
+    everyone = sorted(sum(ctx.comm_ctl.allgather(checked), []))
+    assert everyone == PAIRS
+
+
+def _opfunu(monkeypatch):
+    """opfunu 1.0.4 imports pkg_resources, which setuptools >= 81 no longer ships: lend it the
+    one function it uses, only when it is missing, and only for this test (a stand-in left in
+    sys.modules breaks pytest's own syspath_prepend elsewhere in the session)."""
+    if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
+        shim = types.ModuleType("pkg_resources")
+        shim.resource_filename = lambda pkg, path: os.path.join(
+            list(importlib.util.find_spec(pkg).submodule_search_locations)[0], path)
+        monkeypatch.setitem(sys.modules, "pkg_resources", shim)
+    return importlib.import_module("opfunu.cec_based.cec2022")
+
+
+@pytest.mark.parametrize("dim", [10, 20])
+def test_matches_opfunu_where_opfunu_follows_the_organisers(dim, my_turn, monkeypatch):
+    if not my_turn:
+        return  # another rank of this job runs it (see conftest.my_turn)
+    ref = _opfunu(monkeypatch)
+    x = _points(2, dim)
+    p = ref.F22022(ndim=dim)
+    want = np.array([p.evaluate(row) for row in x])
+    with jax.enable_x64(True):
+        got = np.asarray(jax.jit(create("cec2022_f2", dim).evaluate)(jnp.asarray(x)))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_array_equal(p.f_shift, create("cec2022_f2", dim).optimum_x())  # same data
+
+
+def test_registry_and_domain():
+    assert CEC2022_NAMES == tuple(f"cec2022_f{i}" for i in range(1, 13))
+    p = create("cec2022_f6", 10)
+    assert p.dim == 10 and p.lb == (-100.0,) * 10 and p.ub == (100.0,) * 10 and p.name == "cec2022_f6"
+    assert create("cec2022_f9", 20, lb=-50.0).lb == (-50.0,) * 20
+
+
+def test_bad_dimension_and_missing_data(monkeypatch):
+    cfg = {
+        "run": {"name": "t", "generations": 2},
+        "algorithm": {"name": "cso", "pop_size": 8},
+        "problem": {"name": "cec2022_f3", "dim": 12},
+    }
+    with pytest.raises(ConfigError, match="cec2022_f3: dim must be one of 10, 20"):
+        config_from_dict(cfg, "t.toml")
+    monkeypatch.setattr(cec2022, "DATA_SOURCES", (("no_such_package_abc", "data"),))
+    with pytest.raises(ValueError, match="pip install opfunu"):
+        create("cec2022_f1", 10)

@@ -1,0 +1,102 @@
+"""evaluation.batch_size: pieces bound the rows a problem sees; chunked == unchunked, bitwise."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hpcevo.algorithms import CSO, PSO
+from hpcevo.config import config_from_dict
+from hpcevo.parallel.evaluate import chunking_is_exact
+from hpcevo.problems import create
+from hpcevo.runner import execute, probe_batch_size
+from hpcevo.workflow import Workflow, state_digest
+
+
+def run(ctx, algo, evaluate, batch_size=None, microbatch=None, generations=5):
+    wf = Workflow(algo, evaluate, ctx, microbatch, batch_size)
+    for b in wf.run(4, generations, generations):
+        return state_digest(b.state), float(b.state.best_f)
+
+
+CASES = [
+    # (algorithm, pop, problem, dim, microbatch, batch_size): pieces that divide the micro-batch
+    # and pieces that do not (padded); the run on all ranks of this job against the run unchunked
+    ("cso", 40, "rastrigin", 7, None, 3),
+    ("pso", 24, "cec2022_f1", 10, 12, 4),
+]
+
+
+@pytest.mark.parametrize("name,pop,prob,dim,microbatch,batch_size", CASES)
+def test_chunked_equals_unchunked_bitwise(ctx, name, pop, prob, dim, microbatch, batch_size):
+    p = create(prob, dim)
+    algo = (CSO if name == "cso" else PSO)(pop_size=pop, dim=dim, lb=p.lb, ub=p.ub)
+    chunked = run(ctx, algo, p.evaluate, batch_size, microbatch, generations=3)
+    assert chunked == run(ctx, algo, p.evaluate, None, microbatch, generations=3)
+
+
+@pytest.mark.parametrize("name", ["cec2022_f7", "cec2022_f12"])
+def test_cec_hybrid_and_composition_are_block_invariant(name, my_turn):
+    if not my_turn:
+        return  # another rank of this job runs it (see conftest.my_turn)
+    # The most involved members of the suite (shuffles, Katsuura, Schaffer F7 / log-space
+    # weights, modified Schwefel); the others share their pieces.
+    p = create(name, 10)
+    x = jax.random.uniform(jax.random.PRNGKey(1), (9, 10), minval=-100.0, maxval=100.0)
+    assert chunking_is_exact(p.evaluate, x, 4)
+
+
+def test_no_call_sees_more_rows_than_batch_size(ctx):
+    seen = set()
+
+    def evaluate(x):
+        seen.add(x.shape[0])  # runs while tracing: the shapes the problem is compiled for
+        return jnp.sum(x * x, axis=-1)
+
+    algo = PSO(pop_size=50, dim=3, lb=(-1.0,) * 3, ub=(1.0,) * 3)
+    run(ctx, algo, evaluate, batch_size=4, microbatch=10, generations=1)
+    assert seen == {4}
+    seen.clear()
+    run(ctx, algo, evaluate, batch_size=None, microbatch=10, generations=1)
+    assert seen == {10}
+
+
+def block_dependent(x):
+    # Each row's value includes the mean of its block: exactly what chunking would change.
+    return jnp.sum(x, axis=-1) + jnp.mean(x)
+
+
+def test_probe_tells_exact_from_block_dependent():
+    x = jax.random.uniform(jax.random.PRNGKey(0), (12, 4))
+    assert chunking_is_exact(lambda a: jnp.sum(a * a, axis=-1), x, 5)
+    assert not chunking_is_exact(block_dependent, x, 5)
+
+
+def test_run_with_a_block_dependent_problem_warns_and_says_so(ctx, shared_tmp, monkeypatch, capsys):
+    import hpcevo.problems as problems
+
+    cfg = config_from_dict({
+        "run": {"name": "t", "generations": 2, "out": str(shared_tmp / "run")},
+        "algorithm": {"name": "pso", "pop_size": 16},
+        "problem": {"name": "blockdep:f", "dim": 3, "lb": -1.0, "ub": 1.0},
+        "parallel": {"microbatch": 8},
+        "evaluation": {"batch_size": 3},
+    })
+    real = problems.create
+    monkeypatch.setattr(problems, "create", lambda name, *a, **k: real("sphere", 3) if name != "blockdep:f"
+                        else type("P", (), {"dim": 3, "lb": (-1.0,) * 3, "ub": (1.0,) * 3,
+                                            "evaluate": staticmethod(block_dependent)})())
+    summary = execute(ctx, cfg, overwrite=True)
+    out = capsys.readouterr().out
+    assert summary["batch_size_exact"] is False
+    if ctx.rank == 0:
+        assert "warning: evaluation.batch_size = 3" in out
+        assert json.loads((shared_tmp / "run" / "summary.json").read_text())["batch_size_exact"] is False
+    # hpcevo's own functions are exact by construction: no probe, no compilation
+    algo = PSO(pop_size=16, dim=3, lb=(-1.0,) * 3, ub=(1.0,) * 3)
+    assert probe_batch_size(cfg, real("sphere", 3), algo) is True
+    assert probe_batch_size(cfg.model_copy(update={"evaluation": type(cfg.evaluation)(batch_size=8)}),
+                            real("sphere", 3), algo) is None  # pieces as large as the micro-batch
