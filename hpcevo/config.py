@@ -259,10 +259,13 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
             f"'{cfg.problem.name}' has 1 objective; single-objective algorithms: {fits}"
         )
     extra = {"num_objectives": objectives} if cls.multi_objective else {}
-    if cfg.algorithm_params.get("distributed") and (cfg.parallel.microbatch or cfg.evaluation.batch_size):
-        raise ConfigError(f"{where}: 'parallel.microbatch' and 'evaluation.batch_size' do not apply with "
-                          "algorithm.distributed = true: set algorithm.block (rows per block of the "
-                          "distributed step, which bounds memory the same way) instead")
+    if cfg.algorithm_params.get("distributed"):
+        for key, value in (("parallel.microbatch", cfg.parallel.microbatch),
+                           ("evaluation.batch_size", cfg.evaluation.batch_size)):
+            if value:
+                raise ConfigError(f"{where}: '{key}' does not apply with algorithm.distributed = true: set "
+                                  "algorithm.block (rows per block of the distributed step, which bounds "
+                                  "memory the same way) instead")
     try:
         return cls(
             pop_size=cfg.algorithm.pop_size,
