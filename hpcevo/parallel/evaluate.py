@@ -90,8 +90,9 @@ class ShardedEvaluator:
         batches = candidates.reshape(k, mb, candidates.shape[1])
         dtype = candidates.dtype
         utype = _UINT[jnp.dtype(dtype).itemsize]
+        # () per candidate, or (m,) for m objectives; traced at the shape of one call
         per_row = jax.eval_shape(lambda x: self.fn(x, *args),
-                                 jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
+                                 jax.ShapeDtypeStruct((self.piece, candidates.shape[1]), dtype)).shape[1:]
 
         def body(i, out):
             j = shard[0] + i
