@@ -47,7 +47,12 @@ def test_replicated_algorithm_cost_bounds_the_speedup():
     w = model.Workload(pop=4096, eval_s=1e-4, algo_s=1e-3, microbatch=1)
     (r,) = model.project(w, [4096], model.AlphaBeta(*model.NETWORKS["ib-hdr"]))
     assert r["speedup"] < (w.algo_s + w.pop * w.eval_s) / w.algo_s  # Amdahl
-    assert r["exchange_s"] == pytest.approx(model.AlphaBeta(*model.NETWORKS["ib-hdr"]).allreduce(4096, 4096 * 4))
+    # one slot of one row per rank, gathered: 4096 * 4 bytes
+    assert r["exchange_s"] == pytest.approx(model.AlphaBeta(*model.NETWORKS["ib-hdr"]).allgather(4096, 4096 * 4))
+    # uneven: 64 micro-batches over 48 ranks -> 2 slots each, padded bytes are sent too
+    w64 = model.Workload(pop=1024, eval_s=1e-4)
+    (r48,) = model.project(w64, [48], model.AlphaBeta(1e-6, 1e-9))
+    assert r48["exchange_s"] == pytest.approx(model.AlphaBeta(1e-6, 1e-9).allgather(48, 48 * 2 * 16 * 4))
 
 
 def test_cli(capsys, tmp_path):

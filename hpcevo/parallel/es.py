@@ -41,7 +41,9 @@ import numpy as np
 from jax import lax
 
 from .context import ParallelContext
-from .evaluate import _UINT, shard_of
+from .evaluate import shard_of
+
+_UINT = {4: jnp.uint32, 8: jnp.uint64}  # bit patterns of float32 / float64, for the OR merge
 
 
 class ShardedESStep:
