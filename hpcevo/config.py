@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import typing
 from pathlib import Path
@@ -51,12 +52,26 @@ class ProblemSection(_Section):
     # Problems by import path: true = the function takes a block (n, dim), false = one candidate
     # (dim,), vectorised with vmap; unset = the function's own `batched` attribute, else its shapes.
     batched: bool | None = None
+    # true: the function named by import path is NumPy (or other non-JAX) code, evaluated on the
+    # host outside JIT (see hpcevo/problems/host.py); name = "command" is always on the host.
+    host: bool | None = None
 
 
 class EvaluationSection(_Section):
     # Most rows one call of the problem function sees; a micro-batch with more rows is evaluated
     # in pieces, one after another, to bound device memory. 0 = a whole micro-batch per call.
     batch_size: int = Field(0, ge=0)
+    # Host problems only (a NumPy function, an external command): evaluations running at the
+    # same time on each rank (threads), how candidates are dealt to ranks ("static": fixed
+    # blocks; "dynamic": each rank takes the next candidate when it is free, for evaluations
+    # whose cost varies), and the fitness a failed evaluation gets (inf: the worst).
+    concurrency: int = Field(1, ge=1)
+    schedule: Literal["static", "dynamic"] = "static"
+    penalty: float = math.inf
+
+
+# The [evaluation] keys that mean something for host problems only, with their defaults.
+HOST_EVALUATION_KEYS = {"concurrency": 1, "schedule": "static", "penalty": math.inf}
 
 
 class LogSection(_Section):
@@ -125,6 +140,13 @@ class RunConfig(_Section):
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.out_dir / "checkpoints"
 
     @property
+    def is_host(self) -> bool:
+        """Whether the problem is evaluated on the host (NumPy function, external command)."""
+        from .problems import is_host
+
+        return is_host(self.problem.name, self.problem.host)
+
+    @property
     def algorithm_params(self) -> dict[str, Any]:
         return dict(self.algorithm.model_extra or {})
 
@@ -135,6 +157,9 @@ class RunConfig(_Section):
         d = self.model_dump(exclude_none=True)
         if not d["problem"].get("args"):
             d["problem"].pop("args", None)  # most problems take none
+        if not self.is_host:
+            for key in HOST_EVALUATION_KEYS:
+                d["evaluation"].pop(key)
         algo_cls = ALGORITHMS[self.algorithm.name]
         for name, f in algo_cls.hyper_parameters().items():
             d["algorithm"].setdefault(name, f.default)
@@ -268,7 +293,7 @@ def build_problem(cfg: RunConfig, where: str = "config"):
 
     p = cfg.problem
     try:
-        return create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype)
+        return create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}") from None
 
@@ -301,6 +326,14 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     except ValidationError as e:
         raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
     _check_algorithm(cfg, where)
+    if not cfg.is_host:
+        for key, default in HOST_EVALUATION_KEYS.items():
+            if getattr(cfg.evaluation, key) != default:
+                raise ConfigError(
+                    f"{where}: 'evaluation.{key}' applies to host problems only (a NumPy function "
+                    f"with problem.host = true, or name = \"command\"); '{cfg.problem.name}' is "
+                    "evaluated inside JAX"
+                )
     from .problems import is_deferred
 
     if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
@@ -310,7 +343,7 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
 
 # What a resumed run may not change: anything that changes the computation itself. The rest
 # (run.generations, names and paths, logging, checkpoint settings, device and threads) may change.
-RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch")
+RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch", "evaluation.penalty")
 
 
 def resume_conflicts(stored_text: str, cfg: RunConfig) -> list[str]:
