@@ -51,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="run directory (or a checkpoint file)")
     plot.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/convergence.png)")
     _jobs_parser(sub)
+    model = sub.add_parser("model", help="project step time and parallel efficiency to many ranks (no MPI needed)")
+    model.add_argument("--pop", type=int, required=True, help="candidates evaluated per generation")
+    model.add_argument("--eval-ms", type=float, required=True, help="milliseconds to evaluate one candidate")
+    model.add_argument("--algo-ms", type=float, default=0.0, help="ask + tell per generation, ms (measured at 1 rank)")
+    model.add_argument("--microbatch", type=int, default=0, help="parallel.microbatch (0: automatic)")
+    model.add_argument("--network", default="ib-hdr", help="ib-hdr (default) | ib-edr | eth-25g")
+    model.add_argument("--alpha-us", type=float, help="MPI latency per message, us (overrides --network)")
+    model.add_argument("--bandwidth-gbs", type=float, help="bandwidth, GB/s (overrides --network)")
+    model.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 16, 64, 256, 1024, 4096])
+    model.add_argument("--float64", action="store_true", help="fitness values of 8 bytes")
+    model.add_argument("--plot", metavar="PNG", help="also draw the projection")
     return p
 
 
@@ -146,6 +157,33 @@ def _run(ctx, args) -> int:
     return EXIT_STOPPED if summary["status"] == "stopped" else 0
 
 
+def _model(ctx, args) -> int:
+    from . import model
+
+    if args.network not in model.NETWORKS:
+        raise UsageError(f"--network {args.network!r}: allowed: {', '.join(model.NETWORKS)}")
+    alpha, beta = model.NETWORKS[args.network]
+    label = f"({args.network})"
+    if args.alpha_us is not None or args.bandwidth_gbs is not None:
+        alpha = args.alpha_us * 1e-6 if args.alpha_us is not None else alpha
+        beta = 1 / (args.bandwidth_gbs * 1e9) if args.bandwidth_gbs is not None else beta
+        label = "(given)"
+    for name in ("pop", "eval_ms", "algo_ms", "microbatch"):
+        if getattr(args, name) < 0 or (name == "pop" and args.pop < 1):
+            raise UsageError(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'pop' else '>= 0'}")
+    if any(p < 1 for p in args.ranks):
+        raise UsageError("--ranks: every rank count must be >= 1")
+    w = model.Workload(pop=args.pop, eval_s=args.eval_ms * 1e-3, algo_s=args.algo_ms * 1e-3,
+                       microbatch=args.microbatch, itemsize=8 if args.float64 else 4)
+    net = model.AlphaBeta(alpha, beta)
+    rows = model.project(w, args.ranks, net)
+    print(model.render(w, rows, net, label))
+    if args.plot:
+        model.plot(w, model.project(w, sorted({*args.ranks, *(2 ** i for i in range(13))}), net), args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def _inspect(ctx, args) -> int:
     from .inspection import inspect_path
 
@@ -197,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import CheckpointError, DivergenceError
 
     argv_list = sys.argv[1:] if argv is None else list(argv)
-    # Job scripts are written on login nodes, where MPI_Init may not work: no MPI for `jobs`.
-    ctx = None if argv_list[:1] == ["jobs"] else _discover()
+    # Job scripts are written and models run on login nodes, where MPI_Init may not work.
+    ctx = None if argv_list[:1] in (["jobs"], ["model"]) else _discover()
     _Parser.root = ctx is None or ctx.is_root
     try:
         args = build_parser().parse_args(argv_list)
         args.argv = argv_list
-        handler = {"run": _run, "resume": _run, "info": _info, "inspect": _inspect, "plot": _plot, "jobs": _jobs}
+        handler = {"run": _run, "resume": _run, "info": _info, "inspect": _inspect, "plot": _plot, "jobs": _jobs,
+                   "model": _model}
         return handler[args.command](ctx, args)
     except SystemExit as e:  # --help
         return int(e.code or 0)

@@ -325,6 +325,12 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         left = stop_at.at - time.time()
         report.line(f"deadline in {left / 60:.1f} min ({stop_at.source}); stopping {stop_at.margin:.0f} s "
                     "before it, plus the time a chunk and a checkpoint take")
+    if ctx.size > wf.microbatches:
+        report.line(
+            f"warning: {ctx.size} ranks but only {wf.microbatches} micro-batches per generation: "
+            f"{ctx.size - wf.microbatches} rank(s) have nothing to evaluate. Set parallel.microbatch "
+            f"<= {max(1, algorithm.num_ask // ctx.size)} to give every rank work (it changes the run's "
+            "last bits, but the same setting gives the same result at any rank count)", err=True)
     exact = probe_batch_size(cfg, problem, algorithm)
     if exact is False:
         report.line(

@@ -189,6 +189,11 @@ class Workflow:
         state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self._shards)
         return state, _host_history(hist, n)
 
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per generation: no more ranks than this have evaluation work."""
+        return self._eval_step.k
+
     def template(self, seed: int = 0) -> LoopState:
         """The shapes and dtypes of the loop state (no computation): what a checkpoint must hold."""
         return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self._shards)

@@ -54,22 +54,23 @@ def test_matches_the_organisers_code(ctx):
     assert everyone == PAIRS
 
 
-def _opfunu():
+def _opfunu(monkeypatch):
     """opfunu 1.0.4 imports pkg_resources, which setuptools >= 81 no longer ships: lend it the
-    one function it uses, only when it is missing."""
+    one function it uses, only when it is missing, and only for this test (a stand-in left in
+    sys.modules breaks pytest's own syspath_prepend elsewhere in the session)."""
     if "pkg_resources" not in sys.modules and importlib.util.find_spec("pkg_resources") is None:
         shim = types.ModuleType("pkg_resources")
         shim.resource_filename = lambda pkg, path: os.path.join(
             list(importlib.util.find_spec(pkg).submodule_search_locations)[0], path)
-        sys.modules["pkg_resources"] = shim
+        monkeypatch.setitem(sys.modules, "pkg_resources", shim)
     return importlib.import_module("opfunu.cec_based.cec2022")
 
 
 @pytest.mark.parametrize("dim", [10, 20])
-def test_matches_opfunu_where_opfunu_follows_the_organisers(dim, my_turn):
+def test_matches_opfunu_where_opfunu_follows_the_organisers(dim, my_turn, monkeypatch):
     if not my_turn:
         return  # another rank of this job runs it (see conftest.my_turn)
-    ref = _opfunu()
+    ref = _opfunu(monkeypatch)
     x = _points(2, dim)
     p = ref.F22022(ndim=dim)
     want = np.array([p.evaluate(row) for row in x])

@@ -163,3 +163,30 @@ def test_neuro_cartpole_example_reaches_500_on_2_ranks(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["best_fitness"] == -500.0  # a policy's mean return over its episodes was 500
     assert s["dim"] == 4 * 16 + 16 + 16 * 2 + 2
+
+
+def test_second_launch_loads_its_programs_from_the_compilation_cache(tmp_path):
+    """parallel.compile_cache: the first run compiles and fills the cache; the second finds every
+    program there and writes nothing new. Same digest either way; summary.json names the cache
+    and the start-up phases (benchmarks/perf_suite.py part 4 measures how much sooner it starts)."""
+    env = {k: v for k, v in clean_env().items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    cache = tmp_path / "cache"
+    summaries = []
+    for i in (1, 2):
+        out = tmp_path / f"r{i}"
+        r = subprocess.run(
+            [MPIEXEC, "-n", "2", sys.executable, "-m", "hpcevo", "run", str(EXAMPLE), "--set", "run.generations=5",
+             "--set", f"run.out={out}", "--set", f"parallel.compile_cache={cache}", "-q"],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        summaries.append(json.loads((out / "summary.json").read_text()))
+        if i == 1:
+            entries = sorted(p.name for p in cache.glob("*-cache"))
+            assert any(n.startswith("jit__run_chunk") for n in entries), entries
+        else:
+            assert sorted(p.name for p in cache.glob("*-cache")) == entries  # nothing new to write
+    assert summaries[0]["compile_cache"] == summaries[1]["compile_cache"] == str(cache)
+    assert summaries[0]["state_digest"] == summaries[1]["state_digest"]
+    assert set(summaries[1]["startup_s"]) >= {"python", "imports_mpi", "config", "setup", "compile",
+                                              "first_generation", "total"}

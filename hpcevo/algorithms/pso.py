@@ -9,6 +9,12 @@ from Y. Shi and R. Eberhart, "A modified particle swarm optimizer", Proc. IEEE C
 Defaults w = 0.7298, c1 = c2 = 1.49618 are the constriction-equivalent values of Clerc and
 Kennedy (IEEE TEC 6(1), 2002), the setting recommended by Eberhart and Shi (CEC 2000).
 Velocities are clamped to v_max_frac of the search range per coordinate and positions to the box.
+
+``coefficients``: "per_coordinate" (default, as in the papers above) draws r1 and r2 for every
+coordinate of every particle; "per_particle" draws one pair per particle and shares it across the
+coordinates, a variant common in practice (evosax uses it) that moves each particle along the
+plane of its two attractors and costs dim-times fewer random numbers, which dominate a PSO
+generation's cost on CPUs for cheap problems.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ class PSO(Algorithm):
     c1: float = 1.49618
     c2: float = 1.49618
     v_max_frac: float = 0.2
+    coefficients: str = "per_coordinate"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.coefficients not in ("per_coordinate", "per_particle"):
+            raise ValueError(f"coefficients must be 'per_coordinate' or 'per_particle', got {self.coefficients!r}")
         if not 0.0 <= self.w < 1.0:
             raise ValueError(f"w must be in [0, 1), got {self.w}")
         for name in ("c1", "c2"):
@@ -83,7 +92,10 @@ class PSO(Algorithm):
 
         dtype = state.position.dtype
         key, k_r = jax.random.split(state.key)
-        r1, r2 = jax.random.uniform(k_r, (2, *state.position.shape), dtype)
+        if self.coefficients == "per_particle":
+            r1, r2 = jax.random.uniform(k_r, (2, self.pop_size, 1), dtype)
+        else:
+            r1, r2 = jax.random.uniform(k_r, (2, *state.position.shape), dtype)
         x = state.position
         lb, ub = self.bounds()
         vmax = self.v_max_frac * (ub - lb)

@@ -28,10 +28,8 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import mpi4jax
 import numpy as np
 from jax import lax
-from mpi4py import MPI
 
 from .context import ParallelContext
 
@@ -101,6 +99,9 @@ class ShardedEvaluator:
         bits = lax.fori_loop(0, shard[1], body, jnp.zeros((k, mb), utype))
         # Issued at one rank too (where it is a copy): leaving it out changes how XLA compiles
         # the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
+        import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
+        from mpi4py import MPI
+
         bits = mpi4jax.allreduce(bits, op=MPI.BOR, comm=self.ctx.comm_jax)
         fitness = lax.bitcast_convert_type(bits, dtype).reshape(k * mb)[:n]
         return lax.optimization_barrier(fitness)

@@ -1,0 +1,3 @@
+from .perf_suite import main
+
+main()
