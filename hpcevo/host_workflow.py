@@ -116,6 +116,12 @@ class HostWorkflow(Workflow):
         mb = microbatch_rows(n, self._microbatch)
         return min(mb, self._batch_size) if self._batch_size else mb
 
+    @property
+    def microbatches(self) -> int:
+        """Tasks per generation (the runner warns when there are more ranks than this)."""
+        n = self.algorithm.num_ask
+        return -(-n // self.rows_per_task(n))
+
     def evaluate(self, candidates, generation: int) -> tuple[np.ndarray, int]:
         """The fitness of ``candidates`` (replicated, the algorithm's dtype; failed evaluations
         get the penalty) and how many failed. Collective."""
