@@ -4,13 +4,16 @@
     python benchmarks/host_dynamic.py --ranks 2 3 4 --pop 96 --base-ms 2 --concurrency 2
 Writes benchmarks/results/host_dynamic.json and prints a table.
 
-The problem is a NumPy function of one candidate that sleeps ``base_ms * (1 + 9 u)`` and returns
-the sphere value: every evaluation costs between 1x and 10x the base. Two cost models, ``u`` in
+The problem is a host problem of one candidate that sleeps ``base_ms * (1 + 9 u)`` and returns
+the sphere value: every evaluation costs between 1x and 10x the base. Three cost models, ``u`` in
 [0, 1]:
   - ``hash``: a hash of the candidate's bytes: costs independent of each other and of the index;
   - ``x0``: the first coordinate's place in the box, (x0 - lb) / (ub - lb): a simulator whose run
     time grows with a parameter. DE's trial i descends from individual i, so dear candidates
     tend to stay at the same indices from one generation to the next, as they do in practice.
+  - ``index``: the candidate's place in the population, index / (pop - 1): costs correlated with
+    the position (a population kept in some order, a sweep). The case fixed contiguous blocks
+    handle worst: the last rank gets all the dear candidates.
 Sleeping stands in for a simulator process: it takes no CPU, so the figures measure scheduling,
 not contention for the cores of a shared machine.
 
@@ -39,14 +42,16 @@ HERE = Path(__file__).resolve().parent
 
 
 LB, UB = -5.0, 5.0
-COSTS = ("hash", "x0")
+COSTS = ("hash", "x0", "index")
 
 
-def cost_s(x, base_ms: float, model: str) -> float:
+def cost_s(x, index: int, pop: int, base_ms: float, model: str) -> float:
     if model == "hash":
         u = (zlib.crc32(x.tobytes()) % 10_000) / 9_999
-    else:
+    elif model == "x0":
         u = min(max((x[0] - LB) / (UB - LB), 0.0), 1.0)
+    else:
+        u = index / max(pop - 1, 1)
     return base_ms * 1e-3 * (1 + 9 * u)
 
 
@@ -65,15 +70,21 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     box = ((LB,) * dim, (UB,) * dim)
     algo = DE(pop_size=pop, dim=dim, lb=box[0], ub=box[1])
 
-    def problem(fn):
-        return CallableProblem("slow_sphere", dim, *box, fn, batched=False)
+    class Costly(CallableProblem):
+        """The sphere, one candidate per call, after ``pay(cost in seconds)``."""
 
-    def sleepy(base: float):
-        def slow_sphere(x):
-            time.sleep(cost_s(x, base, model))
-            return float(np.sum(x * x))
+        pay = staticmethod(time.sleep)
 
-        return slow_sphere
+        def evaluate_rows(self, x, first, generation):
+            for i, row in enumerate(x):
+                self.pay(cost_s(row, first + i, pop, self.base_ms, model))
+            return super().evaluate_rows(x, first, generation)
+
+    def problem(pay, base: float):
+        p = Costly("slow_sphere", dim, *box, lambda x: float(np.sum(x * x)), batched=False)
+        object.__setattr__(p, "pay", pay)
+        object.__setattr__(p, "base_ms", base)
+        return p
 
     def run(wf) -> tuple[float, str]:
         barrier(ctx)
@@ -86,7 +97,7 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     out = {"ranks": ctx.size, "cost_model": model, "pop_size": pop, "dim": dim, "generations": gens,
            "base_ms": base_ms, "concurrency": concurrency}
     for label, base in (("slow", base_ms), ("no_sleep", 0.0)):
-        wfs = {s: HostWorkflow(algo, problem(sleepy(base)), ctx, concurrency=concurrency, schedule=s)
+        wfs = {s: HostWorkflow(algo, problem(time.sleep, base), ctx, concurrency=concurrency, schedule=s)
                for s in ("static", "dynamic")}
         for wf in wfs.values():
             wf.compile(0)
@@ -108,11 +119,7 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     # (one rank, static, one at a time: candidates come in generation and index order).
     costs: list[float] = []
 
-    def price(x):
-        costs.append(cost_s(x, base_ms, model))
-        return float(np.sum(x * x))
-
-    wf = HostWorkflow(algo, problem(price), context_for(MPI.COMM_SELF))
+    wf = HostWorkflow(algo, problem(costs.append, base_ms), context_for(MPI.COMM_SELF))
     state, _ = wf.start(0)
     wf.advance(state, gens - 1)
     wf.close()

@@ -85,15 +85,7 @@ class HostWorkflow(Workflow):
         return self.algorithm.init_ask(self.algorithm.init(key))
 
     def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array):
-        dtype = jnp.dtype(self.algorithm.dtype)
-        empty = LoopState(  # as Workflow._first_generation starts
-            algo=algo,
-            best_x=jnp.zeros((self.algorithm.dim,), dtype),
-            best_f=jnp.asarray(jnp.inf, dtype),
-            generation=jnp.asarray(0, jnp.int32),
-            nonfinite=jnp.asarray(0, jnp.int32),
-            last=jnp.zeros((3,), dtype),
-        )
+        empty = self._empty(algo)
         algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         state = self._record(empty, candidates, raw, algo)
         return state, self._history_row(empty, state)

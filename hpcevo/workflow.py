@@ -131,10 +131,10 @@ class Workflow:
     def _generation_arg(self, state: LoopState) -> tuple:
         return (state.generation + 1,) if self._with_generation else ()
 
-    def _first_generation(self, key: jax.Array, shards) -> LoopState:
-        algo = self.algorithm.init(key)
+    def _empty(self, algo: Any) -> LoopState:
+        """The loop state before the first evaluation (generation 0, nothing recorded)."""
         dtype = jnp.dtype(self.algorithm.dtype)
-        empty = LoopState(
+        return LoopState(
             algo=algo,
             best_x=jnp.zeros((self.algorithm.dim,), dtype),
             best_f=jnp.asarray(jnp.inf, dtype),
@@ -142,6 +142,10 @@ class Workflow:
             nonfinite=jnp.asarray(0, jnp.int32),
             last=jnp.zeros((3,), dtype),
         )
+
+    def _first_generation(self, key: jax.Array, shards) -> LoopState:
+        algo = self.algorithm.init(key)
+        empty = self._empty(algo)
         candidates, algo = self.algorithm.init_ask(algo)
         raw = self._eval_init(candidates, shards[0], *self._generation_arg(empty))
         algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcevo import cli
 from hpcevo.config import config_from_dict
 from hpcevo.errors import ConfigError
 from hpcevo.parallel import TaskRunner, allgather_rows, context_for
 from hpcevo.problems import create
 from hpcevo.runner import execute
+from test_user_problems import run_fails_where_missing
 
 NUMPY_PROBLEMS = textwrap.dedent(
     """
@@ -266,9 +266,11 @@ def test_block_function_runs_on_fixed_slices_and_resumes(ctx, files):
 def test_command_failures_are_penalised_counted_logged_and_never_stop_the_run(ctx, files):
     problem = {"name": "command", "args": {
         "command": [str(files / "sim.sh"), "{input}", "{output}", "{index}", "{generation}"], "timeout": 1.5}}
-    here = execute(ctx, config(files / "cmd", problem, schedule="dynamic", concurrency=2), quiet=True)
+    # A finite penalty: an ordinary (bad) value, so the run is compared bit for bit below.
+    here = execute(ctx, config(files / "cmd", problem, schedule="dynamic", concurrency=2, penalty=1e30), quiet=True)
     assert here["status"] == "complete" and here["generations"] == 4
     assert here["failed_evaluations"] == len(SIM_FAILURES)
+    assert here["nonfinite_evaluations"] == 0
     metrics = [json.loads(x) for x in (files / "cmd" / "metrics.jsonl").read_text().splitlines()] if ctx.is_root else []
     if ctx.is_root:
         assert [m["failed_evaluations"] for m in metrics] == [3, 5]
@@ -277,32 +279,19 @@ def test_command_failures_are_penalised_counted_logged_and_never_stop_the_run(ct
         for r in logged:
             assert SIM_FAILURES[(r["generation"], r["index"])] in r["reason"], r
             assert len(r["x"]) == 3 and 0 <= r["rank"] < ctx.size
+        # one rank, static blocks, one at a time: the same run (the simulator is deterministic)
         one = execute(context_for(MPI.COMM_SELF), config(files / "one", problem, penalty=1e30), quiet=True)
         assert one["failed_evaluations"] == len(SIM_FAILURES)
-        assert one["nonfinite_evaluations"] == 0  # a finite penalty is an ordinary (bad) value
+        assert one["state_digest"] == here["state_digest"]
     assert ctx.comm_ctl.allgather(here["state_digest"]) == [here["state_digest"]] * ctx.size
 
 
 def test_missing_program_on_some_ranks_fails_everywhere(ctx, files, capsys):
     """The simulator exists on rank 0's node only: every rank exits 2, one message, no hang."""
     program = files / "sim.sh" if ctx.rank == 0 else files / "absent" / "sim.sh"
-    path = files / f"c{ctx.rank}.toml"
-    path.write_text(
-        f'[run]\nname = "t"\ngenerations = 1\nout = "{files / "out"}"\n'
-        f'[algorithm]\nname = "cso"\npop_size = 8\n'
-        f'[problem]\nname = "command"\ndim = 3\nlb = -1.0\nub = 1.0\n'
-        f'[problem.args]\ncommand = ["{program}", "{{input}}", "{{output}}", "{{index}}", "{{generation}}"]\n'
-    )
-    code = cli.main(["run", str(path), "-q"])
-    _, err = capsys.readouterr()
-    if ctx.size == 1:
-        assert code == 0
-        return
-    assert code == 2
-    if ctx.rank == 0:
-        assert err.count("error:") == 1 and "not found" in err and "reported by rank 1" in err
-    else:
-        assert err == ""
+    problem = ('name = "command"\ndim = 3\nlb = -1.0\nub = 1.0\n[problem.args]\n'
+               f'command = ["{program}", "{{input}}", "{{output}}", "{{index}}", "{{generation}}"]\n')
+    run_fails_where_missing(ctx, capsys, files, "cso", problem)
 
 
 # -- as a user runs them (launcher pass) ----------------------------------------------------------
