@@ -69,6 +69,13 @@ class EvaluationSection(_Section):
     schedule: Literal["static", "dynamic"] = "static"
     penalty: float = math.inf
 
+    @field_validator("penalty")
+    @classmethod
+    def _penalty_comparable(cls, v):
+        if math.isnan(v):  # NaN would make every resume look like a changed penalty
+            raise ValueError("must be a number or inf, not nan (inf: the worst fitness)")
+        return v
+
 
 # The [evaluation] keys that mean something for host problems only, with their defaults.
 HOST_EVALUATION_KEYS = {"concurrency": 1, "schedule": "static", "penalty": math.inf}

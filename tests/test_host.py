@@ -222,6 +222,8 @@ def test_host_settings_are_refused_for_jax_problems(tmp_path):
         config(tmp_path, {"name": "sphere"}, schedule="dynamic")
     # ... and kept out of a JAX run's resolved config, so its checkpoints resume as before
     assert "concurrency" not in config(tmp_path, {"name": "sphere"}).to_dict()["evaluation"]
+    with pytest.raises(ConfigError, match="'evaluation.penalty': must be a number or inf, not nan"):
+        config(tmp_path, {"name": "command", "args": {"command": ["true"]}}, penalty=float("nan"))
 
 
 @pytest.mark.single_process
