@@ -22,6 +22,7 @@ from hpcevo.runner import execute
 CASES = [
     ("cso", 7, {}, "rastrigin", 4),
     ("pso", 5, {}, "ackley", 3),
+    ("pso", 6, {"coefficients": "per_particle"}, "sphere", 3),
     ("slpso", 9, {}, "sphere", 4),
     ("de", 9, {}, "rastrigin", 3),
     ("de", 6, {"strategy": "current-to-best/1/bin", "CR": 0.5}, "sphere", 4),

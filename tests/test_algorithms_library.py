@@ -270,6 +270,7 @@ CONVERGE = [
     ("de", {"strategy": "current-to-best/1/bin"}, 40, 10, "sphere", 300, 1.0),  # greedy: stalls early
     ("jade", {}, 40, 10, "sphere", 300, 1e-8),
     ("jade", {}, 40, 10, "rastrigin", 300, 1.0),
+    ("pso", {"coefficients": "per_particle"}, 40, 10, "sphere", 300, 1e-3),
     ("cmaes", {}, 10, 10, "sphere", 300, 1e-8),
     ("cmaes", {}, 10, 10, "rosenbrock", 1500, 1e-6),
     ("sep_cmaes", {}, 10, 10, "ellipsoid", 1000, 1e-4),
@@ -291,6 +292,28 @@ def test_converges_within_budget(name, extra, pop, dim, prob_name, gens, target)
     assert float(best) < target, f"{name} on {prob_name}: {float(best):.3e} after {gens} generations"
 
 
+# -- PSO coefficients -----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["per_coordinate", "per_particle"])
+def test_pso_coefficient_draws(mode):
+    """With zero inertia, the global best at the particle and the personal best one unit away in
+    every coordinate, the new velocity is c1 * r1 per coordinate: it exposes how r1 is drawn."""
+    from hpcevo.algorithms import PSO
+
+    pop, dim = 16, 6
+    algo = PSO(pop_size=pop, dim=dim, lb=(-100.0,) * dim, ub=(100.0,) * dim, w=0.0, coefficients=mode)
+    s = algo.init(jax.random.PRNGKey(3))
+    x = jnp.zeros((pop, dim))
+    s = s._replace(position=x, velocity=jnp.zeros_like(x), pbest_position=x + 1.0,
+                   pbest_fitness=jnp.zeros(pop), gbest_position=x[0], gbest_fitness=jnp.asarray(-1.0))
+    v = np.asarray(algo.tell(s, jnp.ones(pop)).velocity) / algo.c1  # worse than pbest: nothing moves
+    assert np.all((v >= 0) & (v < 1))
+    spread = v.max(axis=1) - v.min(axis=1)
+    if mode == "per_particle":
+        assert np.all(spread == 0) and np.unique(v[:, 0]).size == pop  # shared by coordinates only
+    else:
+        assert np.all(spread > 0)
+
+
 # -- config errors ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo,extra,message", [
     ("cmaes", {"restart": "bipop"}, "'algorithm.restart'"),
@@ -301,6 +324,7 @@ def test_converges_within_budget(name, extra, pop, dim, prob_name, gens, target)
     ("jade", {"p": 0.0}, "p must be in"),
     ("ga", {"elites": 9}, "elites must be"),
     ("pgpe", {"optimizer": "adam"}, "'algorithm.optimizer'"),
+    ("pso", {"coefficients": "per_dim"}, "coefficients must be 'per_coordinate' or 'per_particle'"),
 ])
 def test_bad_hyper_parameters_are_config_errors_naming_the_key(algo, extra, message):
     from hpcevo.config import config_from_dict
