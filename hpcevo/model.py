@@ -11,17 +11,20 @@ of the fitness buffer. With ``P`` ranks:
     t_eval      seconds to evaluate one candidate (measured)
     t_algo      seconds of ask + tell per generation (measured at one rank)
     t_host      per-generation share of the host's work at boundaries (logging, checks)
-    t_exchange  the allreduce (bitwise OR) of the k * m fitness values, modelled with the
-                latency-bandwidth (alpha-beta) model of Hockney (1994) and the algorithms of
-                Thakur, Rabenseifner and Gropp, "Optimization of collective communication
-                operations in MPICH", IJHPCA 19(1), 2005:
-                  recursive doubling (small messages): log2(P) * (alpha + n * beta)
-                  Rabenseifner (large messages):      2 log2(P) * alpha + 2 (P-1)/P * n * beta
-                MPI libraries switch between them by message size; the model takes the smaller.
+    t_exchange  the allgather of each rank's ceil(k / P) * m fitness slots (padded to the
+                busiest rank), modelled with the latency-bandwidth (alpha-beta) model of
+                Hockney (1994) and the algorithms of Thakur, Rabenseifner and Gropp,
+                "Optimization of collective communication operations in MPICH", IJHPCA 19(1),
+                2005 (n = total bytes gathered, P * ceil(k / P) * m * itemsize):
+                  ring:               (P-1) * alpha + (P-1)/P * n * beta
+                  recursive doubling: log2(P) * alpha + (P-1)/P * n * beta
+                MPI libraries switch between them by message size and rank count; the model
+                takes the smaller.
 
-Allgather (what a plain block split would use) is there for comparison:
-    ring:               (P-1) * alpha + (P-1)/P * n * beta
-    recursive doubling: log2(P) * alpha + (P-1)/P * n * beta       (n = total bytes gathered)
+An allreduce of the whole buffer (hpcevo's first exchange: a bitwise-OR merge) is there for
+comparison:
+    recursive doubling (small messages): log2(P) * (alpha + n * beta)
+    Rabenseifner (large messages):      2 log2(P) * alpha + 2 (P-1)/P * n * beta
 
 Alpha and beta are fitted to measurements (``fit_alpha_beta``) or taken from the network at hand;
 ``NETWORKS`` holds typical values. Parallel efficiency is T(1) / (P * T(P)).
@@ -75,13 +78,20 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBeta:
-    """Least-squares fit of t = alpha + beta * size (two-rank point-to-point-like collectives)."""
+    """Fit t = alpha + beta * size to measurements by least squares on the relative error.
+
+    Sizes span six orders of magnitude: a plain least-squares fit is ruled by the largest
+    messages and leaves alpha (the small-message cost, which decides the exchange of a fitness
+    vector) to their noise; weighting each point by 1 / t^2 gives every size the same say."""
     n = len(sizes)
     if n < 2:
         raise ValueError("need at least two sizes to fit alpha and beta")
-    mx, my = sum(sizes) / n, sum(times) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sxx
+    w = [1.0 / (t * t) for t in times]
+    sw = sum(w)
+    mx = sum(wi * x for wi, x in zip(w, sizes)) / sw
+    my = sum(wi * y for wi, y in zip(w, times)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, sizes))
+    beta = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, sizes, times)) / sxx
     alpha = my - beta * mx
     return AlphaBeta(max(alpha, 0.0), max(beta, 0.0))
 
@@ -110,7 +120,7 @@ def step_time(w: Workload, p: int, net: AlphaBeta) -> dict[str, float]:
     """Modelled seconds per generation at ``p`` ranks, split into its terms."""
     k, m = w.microbatches, w.rows
     evaluate = math.ceil(k / p) * m * w.eval_s
-    exchange = net.allreduce(p, k * m * w.itemsize)
+    exchange = net.allgather(p, p * math.ceil(k / p) * m * w.itemsize)
     total = w.algo_s + evaluate + exchange + w.host_s
     return {"ranks": p, "algo_s": w.algo_s, "eval_s": evaluate, "exchange_s": exchange,
             "host_s": w.host_s, "step_s": total}

@@ -504,7 +504,9 @@ def enable_compile_cache(cfg: RunConfig) -> str | None:
             return None
         path = str(cfg.out_dir.parent / ".jax-cache" if setting == "auto" else Path(setting))
         jax.config.update("jax_compilation_cache_dir", path)
-        # Our programs compile in about a second each; JAX's default skips those under 1 s.
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # Most of our programs compile in well under a second each, and together they are most
+        # of a launch: JAX's default (skip those under 1 s) would cache almost none of them.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if jax.config.jax_compilation_cache_max_size < 0:
         jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)

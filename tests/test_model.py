@@ -17,6 +17,12 @@ def test_alpha_beta_fit_recovers_the_line():
     times = [3e-6 + s * 2e-10 for s in sizes]
     ab = model.fit_alpha_beta(sizes, times)
     assert ab.alpha == pytest.approx(3e-6, rel=1e-9) and ab.beta == pytest.approx(2e-10, rel=1e-9)
+    # 5% noise on the largest message must not swamp alpha (a plain least-squares fit gives
+    # 1.9 us or 4.1 us here instead of 3 us)
+    sizes = [8, 128, 2048, 32768, 524288, 8388608]
+    times = [3e-6 + s * 2e-10 for s in sizes]
+    for f in (0.95, 1.05):
+        assert model.fit_alpha_beta(sizes, times[:-1] + [times[-1] * f]).alpha == pytest.approx(3e-6, rel=0.02)
     with pytest.raises(ValueError):
         model.fit_alpha_beta([1], [1.0])
 
@@ -47,7 +53,12 @@ def test_replicated_algorithm_cost_bounds_the_speedup():
     w = model.Workload(pop=4096, eval_s=1e-4, algo_s=1e-3, microbatch=1)
     (r,) = model.project(w, [4096], model.AlphaBeta(*model.NETWORKS["ib-hdr"]))
     assert r["speedup"] < (w.algo_s + w.pop * w.eval_s) / w.algo_s  # Amdahl
-    assert r["exchange_s"] == pytest.approx(model.AlphaBeta(*model.NETWORKS["ib-hdr"]).allreduce(4096, 4096 * 4))
+    # one slot of one row per rank, gathered: 4096 * 4 bytes
+    assert r["exchange_s"] == pytest.approx(model.AlphaBeta(*model.NETWORKS["ib-hdr"]).allgather(4096, 4096 * 4))
+    # uneven: 64 micro-batches over 48 ranks -> 2 slots each, padded bytes are sent too
+    w64 = model.Workload(pop=1024, eval_s=1e-4)
+    (r48,) = model.project(w64, [48], model.AlphaBeta(1e-6, 1e-9))
+    assert r48["exchange_s"] == pytest.approx(model.AlphaBeta(1e-6, 1e-9).allgather(48, 48 * 2 * 16 * 4))
 
 
 def test_cli(capsys, tmp_path):
