@@ -418,6 +418,14 @@ def part_model(results: dict, plots: Path) -> dict:
         hi = scal[-1]
         per_candidate = (hi["t1"] - scal[0]["t1"]) / 512
     algo_s = scal[0]["t1"] if scal else t1 * 0.6
+    # The model against what it can be checked on here: part 3's 2-rank step times, predicted from
+    # the 1-rank costs and the fitted network (the ranks share memory, so the "network" is it).
+    check = []
+    for row in scal:
+        w = model.Workload(pop=512, eval_s=max(row["t1"] - algo_s, 0.0) / 512, algo_s=algo_s)
+        predicted = model.step_time(w, 2, net_here)["step_s"]
+        check.append({"work": row["work"], "measured_t2_s": row["t2"], "predicted_t2_s": predicted,
+                      "ratio": predicted / row["t2"]})
     projections = {}
     ranks = [1, 2, 16, 64, 256, 1024, 4096]
     cases = {
@@ -430,6 +438,11 @@ def part_model(results: dict, plots: Path) -> dict:
             "InfiniBand HDR (typical)": model.AlphaBeta(*model.NETWORKS["ib-hdr"])}
     print("\n5. Model: alpha-beta fit of MPI Allgather at 2 ranks here: "
           f"alpha {net_here.alpha * 1e6:.2f} us, beta {1 / max(net_here.beta, 1e-30) / 1e9:.2f} GB/s")
+    if check:
+        print("  check against part 3 (CSO, tunable cost, pop 1024, 2 ranks): step ms")
+        print(f"  {'work':>5} {'measured':>9} {'model':>9} {'model/measured':>15}")
+        for c in check:
+            print(f"  {c['work']:>5} {c['measured_t2_s'] * 1e3:>9.3f} {c['predicted_t2_s'] * 1e3:>9.3f} {c['ratio']:>15.2f}")
     for cname, w in cases.items():
         for nname, net in nets.items():
             rows = model.project(w, ranks, net)
@@ -440,7 +453,7 @@ def part_model(results: dict, plots: Path) -> dict:
         model.plot(w, model.project(w, [2 ** i for i in range(0, 13)], nets["InfiniBand HDR (typical)"]),
                    str(plots / f"model-{len(projections)}.png"), title=cname + " (InfiniBand HDR)")
     return {"alpha_s": net_here.alpha, "beta_s_per_byte": net_here.beta, "per_candidate_work_s": per_candidate,
-            "projections": projections}
+            "check_against_part3": check, "projections": projections}
 
 
 def plots_for(results: dict, plots: Path) -> list[str]:
@@ -484,6 +497,54 @@ def plots_for(results: dict, plots: Path) -> list[str]:
     return made
 
 
+class _Tee:
+    """stdout that also keeps what was printed (for docs/performance.md)."""
+
+    def __init__(self, out):
+        self.out, self.kept = out, []
+
+    def write(self, text):
+        self.kept.append(text)
+        return self.out.write(text)
+
+    def flush(self):
+        self.out.flush()
+
+    def getvalue(self) -> str:
+        return "".join(self.kept)
+
+
+BEGIN, END = "<!-- results: begin (python -m benchmarks --docs) -->", "<!-- results: end -->"
+GOALS = {"overhead": ("1. framework overhead, 1 rank", "hpcevo / bare step", "<= 1.05", "ratio", max),
+         "comm": ("2. communication overhead, 2 ranks", "overhead / raw Allgather", "<= 1.25", "ratio_to_allgather", max),
+         "scaling": ("3. parallel efficiency at 2 ranks, >= 5 ms evaluation", "efficiency", ">= 0.90", "efficiency", min),
+         "startup": ("4. warm vs cold launch to generation 1", "speed-up", ">= 3", "speedup_to_first_generation", min)}
+
+
+def write_docs(results: dict, printed: str, doc: Path) -> None:
+    """Replace the results section of docs/performance.md (between BEGIN and END) with this run's
+    goal table, printed tables and plots; the hand-written text around it stays."""
+    lines = [BEGIN, "", f"Measured {results['date']} on `{results['host']}` ({results['cores']} cores, "
+             f"{results['machine']}), `python -m benchmarks --docs`, {results['seconds'] / 60:.1f} min.", "",
+             "| goal | measure | target | measured (worst case) | met |", "|---|---|---|---|---|"]
+    for key, (label, measure, target, field, worst) in GOALS.items():
+        part = results.get(key)
+        if not part:
+            continue
+        rows = part["rows"] if key != "scaling" else [r for r in part["strong"] if r["eval_ms_per_gen_1rank"] >= 5.0]
+        value = worst(r[field] for r in rows) if rows else float("nan")
+        lines.append(f"| {label} | {measure} | {target} | {value:.3f} | {'yes' if part.get('met') else '**no**'} |")
+    lines += ["", "```text", printed.strip("\n"), "```", ""]
+    lines += [f"![{Path(p).stem}](img/{Path(p).name})" for p in results.get("plots", [])]
+    lines += ["", END]
+    text = doc.read_text() if doc.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in text or END not in text:
+        text = text.rstrip("\n") + f"\n\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    doc.write_text(head + "\n".join(lines) + tail)
+
+
 WORKERS = {"overhead": (w_overhead, (str, int, int, int, int)), "comm": (w_comm, (str, int, int, int, int)),
            "jaxdist": (w_jaxdist, (int, int, int)), "scaling": (w_scaling, (int, int, int, int, int))}
 
@@ -505,6 +566,8 @@ def main(argv: list[str] | None = None) -> None:
     host = os.uname().nodename
     plots = RESULTS / f"{stamp}-{host}"
     plots.mkdir(parents=True, exist_ok=True)
+    printed = _Tee(sys.stdout)
+    sys.stdout = printed
     t0 = time.perf_counter()
     results: dict = {"host": host, "cores": os.cpu_count(), "date": stamp, "machine": os.uname().machine}
     parts = {1: ("overhead", part_overhead), 2: ("comm", part_comm), 3: ("scaling", part_scaling),
@@ -531,7 +594,8 @@ def main(argv: list[str] | None = None) -> None:
         img.mkdir(parents=True, exist_ok=True)
         for p in results["plots"]:
             shutil.copy(p, img / Path(p).name)
-        print(f"plots copied to {img}")
+        write_docs(results, printed.getvalue(), ROOT / "docs" / "performance.md")
+        print(f"plots copied to {img}; docs/performance.md's results section rewritten")
 
 
 if __name__ == "__main__":

@@ -57,12 +57,33 @@ class ProblemSection(_Section):
     # front's nadir plus 10% of its extent; exact hypervolume for 2 and 3 objectives).
     objectives: int | None = Field(None, ge=2)
     ref_point: list[float] | None = None
+    # true: the function named by import path is NumPy (or other non-JAX) code, evaluated on the
+    # host outside JIT (see hpcevo/problems/host.py); name = "command" is always on the host.
+    host: bool | None = None
 
 
 class EvaluationSection(_Section):
     # Most rows one call of the problem function sees; a micro-batch with more rows is evaluated
     # in pieces, one after another, to bound device memory. 0 = a whole micro-batch per call.
     batch_size: int = Field(0, ge=0)
+    # Host problems only (a NumPy function, an external command): evaluations running at the
+    # same time on each rank (threads), how candidates are dealt to ranks ("static": fixed
+    # blocks; "dynamic": each rank takes the next candidate when it is free, for evaluations
+    # whose cost varies), and the fitness a failed evaluation gets (inf: the worst).
+    concurrency: int = Field(1, ge=1)
+    schedule: Literal["static", "dynamic"] = "static"
+    penalty: float = math.inf
+
+    @field_validator("penalty")
+    @classmethod
+    def _penalty_comparable(cls, v):
+        if math.isnan(v):  # NaN would make every resume look like a changed penalty
+            raise ValueError("must be a number or inf, not nan (inf: the worst fitness)")
+        return v
+
+
+# The [evaluation] keys that mean something for host problems only, with their defaults.
+HOST_EVALUATION_KEYS = {"concurrency": 1, "schedule": "static", "penalty": math.inf}
 
 
 class LogSection(_Section):
@@ -131,6 +152,13 @@ class RunConfig(_Section):
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.out_dir / "checkpoints"
 
     @property
+    def is_host(self) -> bool:
+        """Whether the problem is evaluated on the host (NumPy function, external command)."""
+        from .problems import is_host
+
+        return is_host(self.problem.name, self.problem.host)
+
+    @property
     def algorithm_params(self) -> dict[str, Any]:
         return dict(self.algorithm.model_extra or {})
 
@@ -141,6 +169,9 @@ class RunConfig(_Section):
         d = self.model_dump(exclude_none=True)
         if not d["problem"].get("args"):
             d["problem"].pop("args", None)  # most problems take none
+        if not self.is_host:
+            for key in HOST_EVALUATION_KEYS:
+                d["evaluation"].pop(key)
         algo_cls = ALGORITHMS[self.algorithm.name]
         for name, f in algo_cls.hyper_parameters().items():
             d["algorithm"].setdefault(name, f.default)
@@ -259,6 +290,10 @@ def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
             f"'{cfg.problem.name}' has 1 objective; single-objective algorithms: {fits}"
         )
     extra = {"num_objectives": objectives} if cls.multi_objective else {}
+    if cfg.is_host and (objectives > 1 or cfg.algorithm_params.get("distributed")):
+        raise ConfigError(f"{where}: [problem] {cfg.problem.name}: host problems run single-objective and "
+                          "with the replicated population for now (no multi-objective algorithm, no "
+                          "algorithm.distributed)")
     if cfg.algorithm_params.get("distributed"):
         for key, value in (("parallel.microbatch", cfg.parallel.microbatch),
                            ("evaluation.batch_size", cfg.evaluation.batch_size)):
@@ -287,7 +322,7 @@ def build_problem(cfg: RunConfig, where: str = "config"):
 
     p = cfg.problem
     try:
-        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.objectives)
+        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host, p.objectives)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}") from None
     if p.ref_point is not None:
@@ -349,6 +384,14 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     except ValidationError as e:
         raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
     _check_algorithm(cfg, where)
+    if not cfg.is_host:
+        for key, default in HOST_EVALUATION_KEYS.items():
+            if getattr(cfg.evaluation, key) != default:
+                raise ConfigError(
+                    f"{where}: 'evaluation.{key}' applies to host problems only (a NumPy function "
+                    f"with problem.host = true, or name = \"command\"); '{cfg.problem.name}' is "
+                    "evaluated inside JAX"
+                )
     from .problems import is_deferred
 
     if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
@@ -358,7 +401,7 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
 
 # What a resumed run may not change: anything that changes the computation itself. The rest
 # (run.generations, names and paths, logging, checkpoint settings, device and threads) may change.
-RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch")
+RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch", "evaluation.penalty")
 
 
 def resume_conflicts(stored_text: str, cfg: RunConfig) -> list[str]:

@@ -78,13 +78,20 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBeta:
-    """Least-squares fit of t = alpha + beta * size (two-rank point-to-point-like collectives)."""
+    """Fit t = alpha + beta * size to measurements by least squares on the relative error.
+
+    Sizes span six orders of magnitude: a plain least-squares fit is ruled by the largest
+    messages and leaves alpha (the small-message cost, which decides the exchange of a fitness
+    vector) to their noise; weighting each point by 1 / t^2 gives every size the same say."""
     n = len(sizes)
     if n < 2:
         raise ValueError("need at least two sizes to fit alpha and beta")
-    mx, my = sum(sizes) / n, sum(times) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sxx
+    w = [1.0 / (t * t) for t in times]
+    sw = sum(w)
+    mx = sum(wi * x for wi, x in zip(w, sizes)) / sw
+    my = sum(wi * y for wi, y in zip(w, times)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, sizes))
+    beta = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, sizes, times)) / sxx
     alpha = my - beta * mx
     return AlphaBeta(max(alpha, 0.0), max(beta, 0.0))
 

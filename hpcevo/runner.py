@@ -25,7 +25,8 @@ from .parallel import (ParallelContext, agree_max, agree_on_error, bcast_from_ro
 from .stopping import Deadline, StopFlag, parse_deadline, scheduler_end_time
 from .stopping import signal_name as stop_signal_name
 
-RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json")
+FAILURES_LOG = "failures.jsonl"  # host problems: one JSON line per failed evaluation
+RUN_FILES = ("config.toml", "metrics.jsonl", "summary.json", FAILURES_LOG)
 
 
 def versions() -> dict[str, str]:
@@ -104,7 +105,7 @@ def probe_batch_size(cfg: RunConfig, problem, algorithm) -> bool | None:
 
     mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None)
     piece = cfg.evaluation.batch_size
-    if not piece or piece >= mb:
+    if not piece or piece >= mb or cfg.is_host:  # host functions are not probed: they may be costly
         return None
     if getattr(problem, "block_invariant", False):
         return True
@@ -159,6 +160,8 @@ class Reporter:
         text = f"gen {rec['generation']:>7}  {progress}  evals/s {rec['evals_per_s']:.3e}"
         if rec["nonfinite"]:
             text += f"  non-finite {rec['nonfinite']}"
+        if rec.get("failed_evaluations"):
+            text += f"  failed {rec['failed_evaluations']}"
         if self.bar is not None:
             self.bar.update(rec["generation"] - self.bar.n)
             self.bar.set_postfix_str(progress.split("  ")[0], refresh=False)
@@ -293,15 +296,25 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     ckdir = cfg.checkpoint_dir
     config_text = dump_config(cfg)
 
-    wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
-                  cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False),
-                  recorder=build_recorder(cfg, problem))
+    if cfg.is_host:  # NumPy functions and external commands: evaluated outside JIT, each generation
+        from .host_workflow import HostWorkflow
+
+        ev = cfg.evaluation
+        wf = HostWorkflow(algorithm, problem, ctx, microbatch=cfg.parallel.microbatch or None,
+                          batch_size=ev.batch_size or None, concurrency=ev.concurrency, schedule=ev.schedule,
+                          penalty=ev.penalty, failures_log=out / FAILURES_LOG)
+    else:
+        wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
+                      cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False),
+                      recorder=build_recorder(cfg, problem))
+    counters = getattr(wf, "counters", lambda state: {})
     loaded = _resume_point(ctx, cfg, wf, report) if resume else None
     start_gen = loaded.header.generation if loaded else 0
     if ctx.is_root:
         (out / "config.toml").write_text(config_text)
         if loaded:
             _truncate_metrics(out / "metrics.jsonl", start_gen)
+        _truncate_metrics(out / FAILURES_LOG, start_gen)  # the failures of generations to come
     report.line(
         f"hpcevo {cfg.algorithm.name} on {cfg.problem.name} (dim {problem.dim}, pop {algorithm.pop_size}), "
         f"{G} generations on {ctx.size} rank{'s' if ctx.size > 1 else ''} [{ctx.device}] -> {out}"
@@ -367,6 +380,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
                     **wf.recorder.boundary(state),
                     "wall_s": now - t_start,
                     "evals_per_s": (evals - wf.evaluations(gen_prev)) / max(now - t_prev, 1e-12),
+                    **counters(state),
                 }
                 t_prev, gen_prev = now, gen
                 if metrics is not None:
@@ -414,6 +428,8 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
             chunk = int(max(1, min(MAX_CHUNK, DISPATCH_TARGET_S * (target - gen) / max(dt, 1e-9))))
             gen = target
         final = state_digest(state), wf.recorder.summary(state)
+        extra = counters(state)
+        getattr(wf, "close", lambda: None)()  # (collective: not on the way out with an error)
     finally:
         stop.uninstall()
         report.close()
@@ -434,6 +450,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
         **outcome,  # best fitness and solution; or the front, its hypervolume and IGD
         "generations": gen,
         "evaluations": evals,
+        **extra,
         "batch_size_exact": exact,
         "resumed_from": start_gen or None,
         "checkpoint": str(last_ckpt_path) if last_ckpt_path else None,

@@ -125,6 +125,17 @@ class Workflow:
         algo, raw, pick = self._step(state, state.algo, shards[1], self._eval_step, a.ask, a.tell)
         return self.recorder.record(a, state, raw, algo, pick)
 
+    # The recorder's pieces under the names HostWorkflow (hpcevo/host_workflow.py) builds on.
+    def _empty(self, algo: Any):
+        """The loop state before the first evaluation (generation 0, nothing recorded)."""
+        return self.recorder.empty(self.algorithm, algo)
+
+    def _record(self, state, candidates: jax.Array, raw: jax.Array, algo: Any):
+        return self.recorder.record(self.algorithm, state, raw, algo, lambda i: candidates[i])
+
+    def _history_row(self, before, after) -> tuple:
+        return self.recorder.row(before, after)
+
     def _run_chunk(self, state, n: jax.Array, shards):
         row = self.recorder.row
         buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)

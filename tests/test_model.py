@@ -17,6 +17,12 @@ def test_alpha_beta_fit_recovers_the_line():
     times = [3e-6 + s * 2e-10 for s in sizes]
     ab = model.fit_alpha_beta(sizes, times)
     assert ab.alpha == pytest.approx(3e-6, rel=1e-9) and ab.beta == pytest.approx(2e-10, rel=1e-9)
+    # 5% noise on the largest message must not swamp alpha (a plain least-squares fit gives
+    # 1.9 us or 4.1 us here instead of 3 us)
+    sizes = [8, 128, 2048, 32768, 524288, 8388608]
+    times = [3e-6 + s * 2e-10 for s in sizes]
+    for f in (0.95, 1.05):
+        assert model.fit_alpha_beta(sizes, times[:-1] + [times[-1] * f]).alpha == pytest.approx(3e-6, rel=0.02)
     with pytest.raises(ValueError):
         model.fit_alpha_beta([1], [1.0])
 

@@ -192,20 +192,28 @@ def test_problem_file_on_some_ranks_only_fails_everywhere(ctx, shared_tmp, capsy
         good.write_text(PROBLEM_FILE)
     ctx.comm_ctl.Barrier()
     name = f"{good}:shifted_sphere" if ctx.rank == 0 else f"{shared_tmp / 'absent.py'}:shifted_sphere"
-    config = shared_tmp / f"c{ctx.rank}.toml"
+    problem = f'name = "{name}"\ndim = 3\nlb = -1.0\nub = 1.0\n'
+    if run_fails_where_missing(ctx, capsys, shared_tmp, "pso", problem):
+        assert not (shared_tmp / "out" / "summary.json").exists()
+
+
+def run_fails_where_missing(ctx, capsys, tmp, algorithm: str, problem: str) -> bool:
+    """``hpcevo run`` of a config whose [problem] (TOML lines) names a file that only rank 0
+    has: at one rank the run succeeds (False); at more, every rank exits 2 and rank 0 alone
+    prints one message, naming rank 1 (True)."""
+    config = tmp / f"c{ctx.rank}.toml"
     config.write_text(
-        f'[run]\nname = "t"\ngenerations = 2\nout = "{shared_tmp / "out"}"\n'
-        f'[algorithm]\nname = "pso"\npop_size = 8\n'
-        f'[problem]\nname = "{name}"\ndim = 3\nlb = -1.0\nub = 1.0\n'
+        f'[run]\nname = "t"\ngenerations = 1\nout = "{tmp / "out"}"\n'
+        f'[algorithm]\nname = "{algorithm}"\npop_size = 8\n[problem]\n{problem}'
     )
     code = cli.main(["run", str(config), "-q"])
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     if ctx.size == 1:
         assert code == 0
-        return
+        return False
     assert code == 2
     if ctx.rank == 0:
         assert err.count("error:") == 1 and "not found" in err and "reported by rank 1" in err
     else:
         assert err == ""
-    assert not (shared_tmp / "out" / "summary.json").exists()
+    return True

@@ -1,4 +1,5 @@
-"""The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control."""
+"""The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control,
+and host evaluation (tasks over ranks and threads, gathered by index)."""
 
 from .binding import Binding, Probe, Request, cpu_list, decide
 from .context import ParallelContext, bind, context_for, discover, mpi_library
@@ -13,6 +14,7 @@ from .control import (
 )
 from .es import ShardedESStep
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
+from .host import TaskRunner, allgather_rows
 
 __all__ = [
     "Binding",
@@ -34,6 +36,8 @@ __all__ = [
     "mpi_library",
     "ShardedESStep",
     "ShardedEvaluator",
+    "TaskRunner",
+    "allgather_rows",
     "microbatch_rows",
     "shard_of",
 ]

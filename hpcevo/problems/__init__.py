@@ -12,6 +12,10 @@ Multi-objective problems (``multiobjective.py``: ZDT 1-4, 6 and DTLZ 1-7) return
 Names: the classic functions of ``numerical.py`` (``sphere``, ``ackley``...), ZDT and DTLZ, the CEC 2022 suite
 (``cec2022_f1``..``cec2022_f12``), ``neuro`` (an MLP policy on a gymnax environment), and a
 user's own problem by import path (``package.module:function`` or ``path/file.py:function``).
+
+Host problems (``host.py``) are not JAX: a NumPy function by import path (``host = True``) or an
+external command (``command``). They carry ``host = True`` and ``evaluate_rows`` instead of
+``evaluate``, and run under ``hpcevo.host_workflow.HostWorkflow``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "ellipsoid",
     "griewank",
     "is_deferred",
+    "is_host",
     "make_problem",
     "rastrigin",
     "rosenbrock",
@@ -83,13 +88,31 @@ def is_deferred(name: str) -> bool:
     return is_import_path(name) or name == "neuro"
 
 
+def is_host(name: str, host: bool | None = None) -> bool:
+    """Whether the problem is evaluated on the host, outside JAX (see ``host.py``)."""
+    return name == "command" or bool(host)
+
+
 def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
-           batched: bool | None = None, dtype: str = "float32", objectives: int | None = None):
+           batched: bool | None = None, dtype: str = "float32", host: bool | None = None,
+           objectives: int | None = None):
     """The problem the config's ``[problem]`` section describes; ``ValueError`` for bad input."""
     args = dict(args or {})
     if objectives is not None and name not in MO_PROBLEMS:
         raise ValueError(f"{name}: problem.objectives applies to the scalable multi-objective problems "
                          f"({', '.join(n for n in MO_PROBLEMS if n.startswith('dtlz'))}), not to this one")
+    if name == "command":
+        from .host import make_command
+
+        return make_command(dim, lb, ub, args, batched)
+    if host:
+        if not is_import_path(name):
+            raise ValueError(f"{name}: problem.host = true is for a NumPy function named by import path "
+                             "('package.module:function' or 'path/to/file.py:function'); an external "
+                             "program is name = \"command\"")
+        from .host import load_host_callable
+
+        return load_host_callable(name, dim, lb, ub, args, batched)
     if is_import_path(name):
         from .user import load_user_problem
 
@@ -110,8 +133,8 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
         return make_cec2022(name, dim, lb, ub)
     if name not in PROBLEMS:
         err = _unknown_name(name)
-        raise ValueError(f"{err}; also cec2022_f1..cec2022_f12, neuro, or your own as "
-                         "'package.module:function' or 'path/to/file.py:function'")
+        raise ValueError(f"{err}; also cec2022_f1..cec2022_f12, neuro, command (an external "
+                         "program), or your own as 'package.module:function' or 'path/to/file.py:function'")
     if dim is None:
         raise ValueError(f"{name}: problem.dim is required")
     return make_problem(name, dim, lb, ub)

@@ -174,6 +174,9 @@ def _instantiate(name: str, cls: type, args: dict, dim: int | None):
 def _shape_of(fn, shape, dtype):
     try:
         out = jax.eval_shape(fn, jax.ShapeDtypeStruct(shape, dtype))
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError) as e:
+        return None, (f"raised {_exc(e)}; if it is NumPy (or other non-JAX) code, set "
+                      "problem.host = true to evaluate it outside JAX")
     except Exception as e:
         return None, f"raised {_exc(e)}"
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
@@ -211,9 +214,13 @@ def _detect_batched(name: str, fn, dim: int, m: int, dtype, declared: bool | Non
                       f"{block_got}{objectives}")
 
 
-def load_user_problem(name: str, dim: int | None, lb, ub, args: dict[str, Any],
-                      batched: bool | None = None, dtype: str = "float32") -> UserProblem:
-    """Import, instantiate and check the problem ``name`` (see the module docstring)."""
+def resolve(name: str, dim: int | None, lb, ub, args: dict[str, Any]):
+    """Import and instantiate the problem ``name``; check its dim, bounds and objectives.
+
+    Returns ``(fn, meta, dim, lb, ub, num_objectives)``: the function to call, the object that
+    carries its attributes (the function or the instance), and the checked values. Shared by
+    JAX problems (below) and host problems (``host.py``), which only differ in how ``fn`` runs.
+    """
     target, _, attr = name.rpartition(":")
     if not target or not attr or not all(p.isidentifier() for p in attr.split(".")):
         raise _fail(name, "expected 'package.module:function' or 'path/to/file.py:function'")
@@ -248,7 +255,14 @@ def load_user_problem(name: str, dim: int | None, lb, ub, args: dict[str, Any],
     for i, (lo, hi) in enumerate(zip(*bounds)):
         if not lo < hi:
             raise _fail(name, f"lb must be < ub in every coordinate, but at coordinate {i} lb = {lo} and ub = {hi}")
+    return fn, meta, dim, bounds[0], bounds[1], m
+
+
+def load_user_problem(name: str, dim: int | None, lb, ub, args: dict[str, Any],
+                      batched: bool | None = None, dtype: str = "float32") -> UserProblem:
+    """Import, instantiate and check the problem ``name`` (see the module docstring)."""
+    fn, meta, dim, lb, ub, m = resolve(name, dim, lb, ub, args)
     if batched is None:
         batched = getattr(meta, "batched", None)
     is_batched = _detect_batched(name, fn, dim, m, jnp.dtype(dtype), batched)
-    return UserProblem(name, dim, bounds[0], bounds[1], fn, is_batched, m)
+    return UserProblem(name, dim, lb, ub, fn, is_batched, m)

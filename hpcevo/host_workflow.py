@@ -1,0 +1,217 @@
+"""The generation loop for host problems: jitted ask -> host evaluation -> gather -> jitted tell.
+
+Host problems (a NumPy function, an external command: ``hpcevo/problems/host.py``) cannot run
+inside a jitted step, so here the host wakes every generation:
+
+    candidates, algo = ask(state)             jitted, replicated: the same on every rank
+    x = candidates on the host (float64)
+    this rank's tasks evaluated               threads, outside JIT (``parallel.host.TaskRunner``)
+    fitness = the tasks' values by index      Allgatherv (``parallel.host.allgather_rows``)
+    state = tell(state, candidates, fitness)  jitted, replicated, recorded as in ``Workflow``
+
+A task is a fixed slice of the population (one candidate, or for a NumPy block function
+``microbatch`` rows), fixed by the population size and the config alone; its values are placed
+by index. So the fitness vector, and with it the run, does not depend on the rank count, the
+schedule (static blocks or a dynamic queue) or the concurrency, as long as the problem is
+deterministic. Failed evaluations get ``evaluation.penalty`` and are counted in the state
+(``failures``; checkpointed, so a resumed run counts on) and logged by rank 0, one JSON line
+per failed candidate, to ``failures_log``.
+
+``HostWorkflow`` has ``Workflow``'s host API (start, advance, template, history_fields,
+fingerprint, compile, evaluations, algorithm), so the runner drives it unchanged: checkpoints,
+signals, deadlines and resume work as for JAX problems. A stop request is acted on between
+generations (the runner's chunks shrink to one generation when generations are slow), never in
+the middle of one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .algorithms.base import Algorithm
+from .parallel import ParallelContext, TaskRunner, allgather_rows, gather_to_root, microbatch_rows
+from .workflow import MAX_CHUNK, LoopState, Workflow
+
+
+# A LoopState's fields (whatever they are), then ``failures``: int32 (), the evaluations that
+# failed and got the penalty so far. Flat, so the runner, ``hpcevo inspect`` and checkpoints see
+# the same names as in a LoopState (``state/best_f``), plus ``state/failures``.
+HostLoopState = NamedTuple("HostLoopState", [*((f, Any) for f in LoopState._fields), ("failures", Any)])
+
+
+def _join(loop: LoopState, failures) -> HostLoopState:
+    return HostLoopState(*loop, jnp.asarray(failures, jnp.int32))
+
+
+def _loop(state: HostLoopState) -> LoopState:
+    return LoopState(*state[:-1])
+
+
+def _unused_device_evaluation(*_):
+    raise AssertionError("a host problem is never evaluated inside JIT")
+
+
+class HostWorkflow(Workflow):
+    """Runs one algorithm on one host problem over the ranks of ``ctx``. Collective to create
+    (a dynamic schedule duplicates a communicator) and to ``close``."""
+
+    def __init__(self, algorithm: Algorithm, problem, ctx: ParallelContext, *,
+                 microbatch: int | None = None, batch_size: int | None = None, concurrency: int = 1,
+                 schedule: str = "static", penalty: float = float("inf"), failures_log: Path | None = None):
+        """``problem``: a host problem (``evaluate_rows``, ``rows_per_call``, ``cancel``).
+        ``microbatch`` / ``batch_size``: rows per call of a block function (see
+        ``rows_per_task``). ``failures_log``: where rank 0 appends failed evaluations (JSONL)."""
+        # The device path is never used; the base class supplies recording, history rows,
+        # fingerprints and evaluation counts, exactly as JAX problems get them.
+        super().__init__(algorithm, _unused_device_evaluation, ctx, microbatch, batch_size)
+        self.problem = problem
+        self.penalty = float(penalty)
+        self.failures_log = Path(failures_log) if failures_log is not None and ctx.is_root else None
+        self._microbatch, self._batch_size = microbatch, batch_size
+        self._runner = TaskRunner(ctx, concurrency, schedule)  # type: ignore[arg-type]
+        self._ask_first = jax.jit(self._first_ask_fn)
+        self._tell_first = jax.jit(self._first_tell_fn)
+        self._ask = jax.jit(self._ask_fn)
+        self._tell = jax.jit(self._tell_fn)
+
+    # -- jitted pieces -------------------------------------------------------------------------
+    def _first_ask_fn(self, key: jax.Array):
+        return self.algorithm.init_ask(self.algorithm.init(key))
+
+    def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array):
+        empty = self._empty(algo)
+        algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        state = self._record(empty, candidates, raw, algo)
+        return state, self._history_row(empty, state)
+
+    def _ask_fn(self, loop: LoopState):
+        return self.algorithm.ask(loop.algo)
+
+    def _tell_fn(self, loop: LoopState, candidates: jax.Array, algo: Any, raw: jax.Array):
+        algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        state = self._record(loop, candidates, raw, algo)
+        return state, self._history_row(loop, state)
+
+    # -- host evaluation -----------------------------------------------------------------------
+    def rows_per_task(self, n: int) -> int:
+        """Rows evaluated by one task (one call of a block function, or one candidate): a
+        function of the batch size and the config only, never of the rank count."""
+        rows = self.problem.rows_per_call
+        if rows is not None:
+            return rows
+        mb = microbatch_rows(n, self._microbatch)
+        return min(mb, self._batch_size) if self._batch_size else mb
+
+    @property
+    def microbatches(self) -> int:
+        """Tasks per generation (the runner warns when there are more ranks than this)."""
+        n = self.algorithm.num_ask
+        return -(-n // self.rows_per_task(n))
+
+    def evaluate(self, candidates, generation: int) -> tuple[np.ndarray, int]:
+        """The fitness of ``candidates`` (replicated, the algorithm's dtype; failed evaluations
+        get the penalty) and how many failed. Collective."""
+        x = np.asarray(jax.device_get(candidates), np.float64)
+        n = x.shape[0]
+        rows = self.rows_per_task(n)
+
+        def task(t: int):
+            lo = t * rows  # a copy: a function that writes into its input cannot touch the batch
+            return lo, *self.problem.evaluate_rows(x[lo : lo + rows].copy(), lo, generation)
+
+        try:
+            done = self._runner.map(-(-n // rows), task)
+        except BaseException:
+            self.problem.cancel()  # leave no simulator running behind an error or a Ctrl-C
+            raise
+        index, values, reasons = [], [], []
+        for lo, vals, fails in done.values():
+            flags = np.zeros(len(vals))
+            for row, why in fails:
+                flags[row] = 1.0
+                reasons.append((lo + row, why))
+            index.append(np.arange(lo, lo + len(vals)))
+            values.append(np.column_stack([vals, flags]))
+        gathered = allgather_rows(self.ctx, n, np.concatenate(index or [np.zeros(0, np.int64)]),
+                                  np.concatenate(values or [np.zeros((0, 2))]))
+        bad = gathered[:, 1] != 0
+        count = int(bad.sum())
+        if count:  # every rank knows the count, so all of them take part in this gather, or none
+            everyone = gather_to_root(self.ctx, [(i, why, self.ctx.rank) for i, why in reasons])
+            if self.failures_log is not None:
+                self._log(generation, x, sorted(r for part in everyone for r in part))
+        fitness = np.where(bad, self.penalty, gathered[:, 0])
+        return fitness.astype(self.algorithm.dtype), count
+
+    def _log(self, generation: int, x: np.ndarray, records: list) -> None:
+        with open(self.failures_log, "a") as fh:
+            for index, why, rank in records:
+                fh.write(json.dumps({"generation": generation, "index": index, "reason": why,
+                                     "rank": rank, "x": x[index].tolist()}) + "\n")
+
+    # -- host API (as Workflow's) --------------------------------------------------------------
+    def start(self, seed: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+        """Initialise from the seed and run generation 1 (the initial population's evaluation)."""
+        candidates, algo = self._ask_first(jax.random.PRNGKey(seed))
+        raw, failed = self.evaluate(candidates, 1)
+        loop, row = self._tell_first(candidates, algo, raw)
+        return _join(loop, failed), self._history([row])
+
+    def advance(self, state: HostLoopState, n: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+        """Run n (<= MAX_CHUNK) more generations, evaluating each on the host."""
+        if not 1 <= n <= MAX_CHUNK:
+            raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
+        loop, failures, rows = _loop(state), int(state.failures), []
+        generation = int(loop.generation)
+        for _ in range(n):
+            generation += 1
+            candidates, algo = self._ask(loop)
+            raw, failed = self.evaluate(candidates, generation)
+            loop, row = self._tell(loop, candidates, algo, raw)
+            failures += failed
+            rows.append(row)
+        return _join(loop, failures), self._history(rows)
+
+    def _history(self, rows: list) -> dict[str, np.ndarray]:
+        columns = zip(*jax.device_get(rows))
+        return {k: np.asarray(v) for k, v in zip(self.history_fields, columns)}
+
+    def template(self, seed: int = 0) -> HostLoopState:
+        def first(key):
+            candidates, algo = self._first_ask_fn(key)
+            loop, _ = self._first_tell_fn(candidates, algo, jnp.zeros(candidates.shape[:1], candidates.dtype))
+            return _join(loop, 0)
+
+        return jax.eval_shape(first, jax.random.PRNGKey(seed))
+
+    def compile(self, seed: int, first: bool = True) -> None:
+        key = jax.random.PRNGKey(seed)
+        if first:
+            candidates, algo = jax.eval_shape(self._first_ask_fn, key)
+            self._ask_first.lower(key).compile()
+            self._tell_first.lower(candidates, algo, _fitness_like(candidates)).compile()
+        shapes = self.template(seed)
+        loop = _loop(shapes)
+        candidates, algo = jax.eval_shape(self._ask_fn, loop)
+        self._ask.lower(loop).compile()
+        self._tell.lower(loop, candidates, algo, _fitness_like(candidates)).compile()
+        self._fingerprint.lower(shapes).compile()
+
+    def counters(self, state: HostLoopState) -> dict[str, int]:
+        """What the runner adds to metrics and the summary."""
+        return {"failed_evaluations": int(state.failures)}
+
+    def close(self) -> None:
+        """Stop the worker threads and free the dispatcher's communicator. Collective."""
+        self._runner.close()
+        self.problem.close()
+
+
+def _fitness_like(candidates: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(candidates.shape[:1], candidates.dtype)
