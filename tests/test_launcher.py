@@ -157,7 +157,7 @@ def test_user_problem_file_same_digest_at_1_and_3_ranks(tmp_path):
 
 
 def test_neuro_cartpole_example_reaches_500_on_2_ranks(tmp_path):
-    r = hpcevo(2, "run", str(ROOT / "examples" / "neuro_cartpole.toml"), "--set", "run.generations=8",
+    r = hpcevo(2, "run", str(ROOT / "examples" / "neuro_cartpole.toml"), "--set", "run.generations=20",
                "--set", f"run.out={tmp_path}", timeout=600)
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
