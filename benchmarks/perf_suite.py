@@ -218,8 +218,45 @@ def w_comm(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None:
         a, b = np.zeros(nbytes // 4, np.float32), np.empty(nbytes // 4 * ctx.size, np.float32)
         sizes.append(nbytes * ctx.size)
         ag.append(timed(lambda: comm.Allgather(a, b), n=max(20, 20000 // max(1, nbytes // 1024))))
+    # The exchange alone, at microsecond resolution: the step's sharded evaluator with a free
+    # problem (one column of the candidates), R times in one jitted loop, at 2 ranks and on one
+    # rank evaluating the same micro-batches. Subtracting two whole generations (above) leaves
+    # the exchange inside the noise of the evaluation; here there is no evaluation to subtract.
+    from hpcevo.parallel import ShardedEvaluator
+
+    free = lambda x: x[:, 0]  # noqa: E731
+    R = 500
+    cand = jnp.zeros((algo.num_ask, dim), jnp.float32)
+
+    def loop_of(ev):
+        shard = jnp.asarray(ev.shard)
+
+        @jax.jit
+        def loop(x):
+            return jax.lax.fori_loop(0, R, lambda i, x: x.at[0, 0].add(ev(x, shard)[-1]), x)
+        return loop
+
+    ex_here = loop_of(ShardedEvaluator(free, algo.num_ask, ctx))
+    solo = ShardedEvaluator(free, algo.num_ask, context_for(MPI.COMM_SELF))
+    solo.shard = ShardedEvaluator(free, algo.num_ask, ctx).shard  # this rank's micro-batches
+    ex_alone = loop_of(solo)
+    for f in (ex_here, ex_alone):
+        jax.block_until_ready(f(cand))
+    e_here, e_alone = [], []
+    for _ in range(max(reps, 5)):
+        comm.Barrier()
+        t = time.perf_counter()
+        jax.block_until_ready(ex_here(cand))
+        e_here.append((time.perf_counter() - t) / R)
+        comm.Barrier()
+        t = time.perf_counter()
+        jax.block_until_ready(ex_alone(cand))
+        e_alone.append((time.perf_counter() - t) / R)
+    exchange = max(min(e_here) - min(e_alone), 0.0)
     overhead = min(t_here) - min(t_alone)
     _emit(ctx, {
+        "exchange_s": exchange, "exchange_step_s": e_here, "exchange_alone_s": e_alone,
+        "exchange_ratio_to_allgather": exchange / raw_allgather,
         "algorithm": algo_name, "pop": pop, "dim": dim, "ranks": ctx.size,
         "step_s": t_here, "compute_s": t_alone, "overhead_s": overhead,
         "fitness_bytes": fit_bytes, "allgather_bytes_per_rank": share * 4, "allgather_padded_bytes_per_rank": int(padded.nbytes),
@@ -280,13 +317,16 @@ def part_comm(quick: bool) -> dict:
         r.update(jd)
         rows.append(r)
     print("\n2. Communication at 2 ranks: hpcevo's per-generation overhead vs raw collectives on the same bytes (CSO, Ackley, dim 100)")
-    print(f"{'pop':>6} {'step ms':>8} {'compute ms':>11} {'overhead us':>12} {'raw Allgather us':>17} "
-          f"{'padded Allgather us':>20} {'jax.distributed us':>19} {'overhead/Allgather':>19}")
+    print("   step - compute: whole generations subtracted (context; the evaluation's noise swamps the exchange)")
+    print("   exchange: hpcevo's sharded evaluator with a free problem, 2 ranks minus 1 rank (the goal's measure)")
+    print(f"{'pop':>6} {'step ms':>8} {'compute ms':>11} {'step-compute us':>16} {'exchange us':>12} {'raw Allgather us':>17} "
+          f"{'padded Allgather us':>20} {'jax.distributed us':>19} {'exchange/Allgather':>19}")
     for r in rows:
         print(f"{r['pop']:>6} {min(r['step_s']) * 1e3:>8.3f} {min(r['compute_s']) * 1e3:>11.3f} "
-              f"{r['overhead_s'] * 1e6:>12.1f} {r['raw_allgather_s'] * 1e6:>17.2f} {r['raw_allgather_padded_s'] * 1e6:>20.2f} "
-              f"{r['jax_distributed_allgather_s'] * 1e6:>19.1f} {r['ratio_to_allgather']:>19.2f}")
-    return {"rows": rows, "goal": 1.25, "met": all(r["ratio_to_allgather"] <= 1.25 for r in rows)}
+              f"{r['overhead_s'] * 1e6:>16.1f} {r['exchange_s'] * 1e6:>12.2f} {r['raw_allgather_s'] * 1e6:>17.2f} "
+              f"{r['raw_allgather_padded_s'] * 1e6:>20.2f} {r['jax_distributed_allgather_s'] * 1e6:>19.1f} "
+              f"{r['exchange_ratio_to_allgather']:>19.2f}")
+    return {"rows": rows, "goal": 1.25, "met": all(r["exchange_ratio_to_allgather"] <= 1.25 for r in rows)}
 
 
 # -- 3. scaling ----------------------------------------------------------------------------------
@@ -516,7 +556,7 @@ class _Tee:
 
 BEGIN, END = "<!-- results: begin (python -m benchmarks --docs) -->", "<!-- results: end -->"
 GOALS = {"overhead": ("1. framework overhead, 1 rank", "hpcevo / bare step", "<= 1.05", "ratio", max),
-         "comm": ("2. communication overhead, 2 ranks", "overhead / raw Allgather", "<= 1.25", "ratio_to_allgather", max),
+         "comm": ("2. communication overhead, 2 ranks", "exchange / raw Allgather", "<= 1.25", "exchange_ratio_to_allgather", max),
          "scaling": ("3. parallel efficiency at 2 ranks, >= 5 ms evaluation", "efficiency", ">= 0.90", "efficiency", min),
          "startup": ("4. warm vs cold launch to generation 1", "speed-up", ">= 3", "speedup_to_first_generation", min)}
 
