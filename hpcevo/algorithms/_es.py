@@ -208,6 +208,8 @@ class BlockedES:
         """The noise rows of block ``j`` (units j b .. j b + b - 1; past the last unit: zero)."""
         b = self.block_rows
         z = block_noise(key, j, b, self.dim, self.dtype)
+        if self.units % b == 0:  # no padded block
+            return z
         return jnp.where((j * b + jnp.arange(b) < self.units)[:, None], z, 0)
 
     def noise(self, key: jax.Array) -> jax.Array:
