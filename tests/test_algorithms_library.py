@@ -233,6 +233,28 @@ def test_centred_ranks_and_nes_utilities():
     assert abs(u.sum()) < 1e-6 and np.all(np.diff(u) <= 0) and u[0] > 0
 
 
+def test_block_noise_is_standard_normal_and_one_block_regenerates_alone():
+    # Both Box-Muller outputs are used: moments, tails and the cos/sin halves' independence.
+    z = np.asarray(_es.block_noise(jax.random.PRNGKey(3), 5, 200, 101, jnp.float32), np.float64)
+    assert z.shape == (200, 101) and np.isfinite(z).all()
+    flat = z.ravel()
+    n = flat.size  # 20200
+    assert abs(flat.mean()) < 4 / np.sqrt(n) and abs(flat.var() - 1) < 4 * np.sqrt(2 / n)
+    assert abs((flat**3).mean()) < 4 * np.sqrt(15 / n) and abs((flat**4).mean() - 3) < 4 * np.sqrt(96 / n)
+    assert abs((np.abs(flat) > 1.96).mean() - 0.05) < 4 * np.sqrt(0.05 * 0.95 / n)
+    half = n // 2  # the r cos t and r sin t halves of the same draws: uncorrelated
+    assert abs(np.corrcoef(flat[:half], flat[half : 2 * half])[0, 1]) < 4 / np.sqrt(half)
+    # another block, another key: different numbers; the algorithm's candidate() takes its row
+    other = np.asarray(_es.block_noise(jax.random.PRNGKey(3), 6, 200, 101, jnp.float32))
+    assert not np.array_equal(other, z.astype(np.float32))
+    algo = OpenES(pop_size=22, dim=3, lb=(-2.0,) * 3, ub=(2.0,) * 3, block=4)
+    s = algo.init(jax.random.PRNGKey(0))
+    x, s2 = algo.ask(s)
+    _, key = algo.split_key(s)
+    for i in (0, 5, 10, 16, 21):
+        assert np.asarray(algo.candidate(s, key, i)).tobytes() == np.asarray(x[i]).tobytes()
+
+
 def test_openes_samples_mirrored_pairs():
     algo = OpenES(pop_size=8, dim=3, lb=(-2.0,) * 3, ub=(2.0,) * 3)
     s = algo.init(jax.random.PRNGKey(0))

@@ -94,8 +94,8 @@ def check_unit(name: str, v: float, *, closed_low: bool = True, closed_high: boo
 # These strategies' update is a weighted sum over the population of per-sample noise terms. They
 # compute it in a form that a sharded evaluation can reproduce bit for bit without any rank ever
 # holding the whole population (``algorithm.distributed``, ``hpcevo/parallel/es.py``):
-#   * the noise of sample ("unit") i is drawn from its own counter-based key fold_in(key, i), so
-#     any rank can regenerate any rows without the others;
+#   * the noise of block j (units j b .. j b + b - 1) is drawn from its own counter-based key
+#     fold_in(key, j) (``block_noise``), so any rank can regenerate any block without the others;
 #   * the sum runs over fixed blocks of ``block_rows`` units: inside a block a pairwise tree over
 #     the rows, then a pairwise tree over the blocks. The grouping depends on the population
 #     only, never on how blocks are spread over ranks;
@@ -146,28 +146,32 @@ def _unit_interval(bits: jax.Array, dtype) -> jax.Array:
     return 2.0 - f
 
 
-def unit_noise(key: jax.Array, first, count: int, dim: int, dtype) -> jax.Array:
-    """Standard normal rows for units first .. first + count - 1, row i from fold_in(key, i).
+def block_noise(key: jax.Array, block, rows: int, dim: int, dtype) -> jax.Array:
+    """Standard normal (rows, dim) for block ``block`` of the generation, from fold_in(key, block).
 
-    Box-Muller [BM58] on the unit's own random bits, each product fenced: JAX's own normal
-    sampler evaluates erfinv as a polynomial of plain multiplies and adds that XLA fuses into its
+    Box-Muller [BM58] using both outputs of each pair of uniforms (r cos t and r sin t, two
+    independent standard normals), so one 2 x ceil(rows dim / 2) draw of random bits makes the
+    whole block: half the bits and half the logs and square roots of using cos alone, and one
+    key per block rather than per row. Every product is fenced: JAX's own normal sampler
+    evaluates erfinv as a polynomial of plain multiplies and adds that XLA fuses into its
     consumers, and the FMA contractions then differ between programs (seen: the same key gave
-    rows differing in the last bit inside a sharded step and inside ``ask``). log, cos and sqrt
-    are single operations here, and the rows come out the same in every program.
+    rows differing in the last bit inside a sharded step and inside ``ask``). log, cos, sin and
+    sqrt are single operations here, and a block comes out the same in every program.
 
     [BM58] G. E. P. Box and M. E. Muller, "A Note on the Generation of Random Normal Deviates",
            Annals of Mathematical Statistics 29(2):610-611, 1958.
     """
     dtype = jnp.dtype(dtype)
     width = jnp.uint32 if dtype.itemsize == 4 else jnp.uint64
-    idx = first + jnp.arange(count, dtype=jnp.int32)
-    bits = jax.vmap(lambda i: jax.random.bits(jax.random.fold_in(key, i), (2, dim), width))(idx)
-    u1, u2 = _unit_interval(bits[:, 0], dtype), _unit_interval(bits[:, 1], dtype)
+    n = rows * dim
+    bits = jax.random.bits(jax.random.fold_in(key, block), (2, -(-n // 2)), width)
+    u1, u2 = _unit_interval(bits[0], dtype), _unit_interval(bits[1], dtype)
     log_u = jnp.log(u1)
     r = jnp.sqrt(fence(-2.0 * log_u, log_u))
     angle = fence((2.0 * math.pi) * u2, u2)
-    c = jnp.cos(angle)
-    return fence(r * c, c)
+    c, s = jnp.cos(angle), jnp.sin(angle)
+    z = jnp.concatenate([fence(r * c, c), fence(r * s, s)])
+    return z[:n].reshape(rows, dim)
 
 
 def weighted_rows(w: jax.Array, rows: jax.Array) -> jax.Array:
@@ -200,15 +204,27 @@ class BlockedES:
         key, k = jax.random.split(state.key)
         return state._replace(key=key), k
 
-    def noise(self, key: jax.Array, first, count: int) -> jax.Array:
-        return unit_noise(key, first, count, self.dim, self.dtype)
+    def block_noise(self, key: jax.Array, j) -> jax.Array:
+        """The noise rows of block ``j`` (units j b .. j b + b - 1; past the last unit: zero)."""
+        b = self.block_rows
+        z = block_noise(key, j, b, self.dim, self.dtype)
+        if self.units % b == 0:  # no padded block
+            return z
+        return jnp.where((j * b + jnp.arange(b) < self.units)[:, None], z, 0)
+
+    def noise(self, key: jax.Array) -> jax.Array:
+        """All blocks' noise, (blocks * b, dim), the padding rows zero."""
+        b = self.block_rows
+        blocks = -(-self.units // b)
+        return jax.vmap(lambda j: self.block_noise(key, j))(jnp.arange(blocks)).reshape(blocks * b, self.dim)
 
     def stored_noise_rows(self) -> int:
         return 0 if self.distributed else self.units
 
     def candidate(self, state, key: jax.Array, i) -> jax.Array:
         """Candidate i of the generation drawn with ``key`` from ``state``, alone."""
-        z = self.noise(key, i % self.units, 1)
+        unit = i % self.units
+        z = lax.dynamic_index_in_dim(self.block_noise(key, unit // self.block_rows), unit % self.block_rows, 0)
         return self.expand(state, z)[i // self.units]
 
     def combine(self, partials: jax.Array) -> jax.Array:
@@ -217,7 +233,7 @@ class BlockedES:
 
     def ask(self, state):
         state, k = self.split_key(state)
-        z = self.noise(k, 0, self.units)
+        z = self.noise(k)[: self.units]
         return self.expand(state, z), state._replace(z=z)
 
     def tell(self, state, fitness: jax.Array):

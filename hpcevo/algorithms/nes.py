@@ -73,7 +73,7 @@ class _NESBase(Algorithm):
 class SNES(_es.BlockedES, _NESBase):
     """Separable NES [S11; W14, Alg. 6]: a diagonal Gaussian, exponential updates of sigma.
 
-    Noise per sample from its own key and the update's sums in fixed blocks of ``block`` samples
+    Noise per block from its own key and the update's sums in fixed blocks of ``block`` samples
     (``_es.BlockedES``): ``distributed = true`` runs it without any rank holding the population
     (``hpcevo/parallel/es.py``), with bitwise the same result.
     """

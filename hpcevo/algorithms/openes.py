@@ -16,7 +16,7 @@ coordinates, and the paper's values for unit-scale weights carry over). ``sigma_
 addition (e.g. evosax, estool); the defaults of 1 keep the paper's fixed values.
 
 The population is mirrored: rows i and i + pop/2 are mean + sigma eps_i and mean - sigma eps_i,
-so pop_size must be even. eps_i is drawn from its own key (fold_in of the generation's key and i)
+so pop_size must be even. eps_i comes from its block's key (fold_in of the generation's key and the block)
 and the gradient is summed in fixed blocks of ``block`` pairs (``_es.BlockedES``), which is what
 lets ``distributed = true`` run it without any rank holding the population
 (``hpcevo/parallel/es.py``), with bitwise the same result.

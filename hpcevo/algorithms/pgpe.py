@@ -20,7 +20,7 @@ ClipUp, whose step does not depend on the gradient's size; sigma's relative chan
 ``sigma_max_change`` (0.2, as in [T20]'s experiments) to keep a bad generation from collapsing
 it. Box conventions as in ``_es.py``: ``sigma_init``, ClipUp's ``clipup_step`` and
 ``clipup_max_speed`` are fractions of the box width (ClipUp runs in box-normalised coordinates);
-pop_size must be even (mirrored pairs). Noise per pair from its own key and update sums in fixed
+pop_size must be even (mirrored pairs). Noise per block of pairs from its own key and update sums in fixed
 blocks of ``block`` pairs (``_es.BlockedES``): ``distributed = true`` runs it without any rank
 holding the population (``hpcevo/parallel/es.py``), with bitwise the same result.
 """

@@ -7,7 +7,7 @@ per-sample noise terms, so nothing population-sized has to exist anywhere:
 1. Generate and evaluate. The ``units`` noise rows (pairs for mirrored sampling) are cut into
    ``k`` blocks of ``b`` rows (a function of the population only). Each rank takes a contiguous
    range of blocks (``shard``, runtime data, as in ``evaluate.py``), regenerates each block's
-   noise from the counter-based keys fold_in(key, unit), builds and evaluates its candidates, and
+   noise from its counter-based key fold_in(key, block), builds and evaluates its candidates, and
    writes their fitness bits into a zeroed (copies, k, b) buffer. A bitwise-OR allreduce merges
    the buffers exactly: every rank then has the whole fitness vector (pop scalars).
 2. Shape and accumulate. Every rank turns the fitness into per-unit weights (ranks, utilities;
@@ -69,13 +69,6 @@ class ShardedESStep:
         bits = mpi4jax.allreduce(lax.bitcast_convert_type(values, utype), op=MPI.BOR, comm=self.ctx.comm_jax)
         return lax.bitcast_convert_type(bits, values.dtype)
 
-    def _block_noise(self, key: jax.Array, j: jax.Array) -> jax.Array:
-        a, b = self.algorithm, self.b
-        first = j * b
-        z = a.noise(key, first, b)
-        # Rows past the last unit (the last block's padding) are zero, as in the replicated tell.
-        return jnp.where((first + jnp.arange(b) < self.units)[:, None], z, 0)
-
     def __call__(self, state: Any, shard: jax.Array, *args):
         """``args`` (e.g. the generation number) are passed on to the problem function."""
         a, b, k, units = self.algorithm, self.b, self.k, self.units
@@ -85,7 +78,7 @@ class ShardedESStep:
 
         def evaluate(i, out):
             j = shard[0] + i
-            x = a.expand(state, self._block_noise(key, j))
+            x = a.expand(state, a.block_noise(key, j))
             f = self.fn(x, *args).astype(dtype).reshape(c, 1, b)
             return lax.dynamic_update_slice(out, f, (0, j, 0))
 
@@ -98,7 +91,7 @@ class ShardedESStep:
 
         def accumulate(i, out):
             j = shard[0] + i
-            p = a.partial(state, self._block_noise(key, j), w[j])
+            p = a.partial(state, a.block_noise(key, j), w[j])
             return lax.dynamic_update_index_in_dim(out, p, j, 0)
 
         partials = lax.fori_loop(0, shard[1], accumulate, jnp.zeros((k, *shape), dtype))
