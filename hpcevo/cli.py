@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("config", nargs="?", help="bind as this run config's [parallel] section asks")
     info.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                       help="override a config key (repeatable)")
-    inspect = sub.add_parser("inspect", help="what is in a run directory or checkpoint file, and whether it validates")
+    inspect = sub.add_parser("inspect", help="what is in a run directory or checkpoint file, and whether "
+                             "it validates (exit 1: the file, or the directory's newest checkpoint, is damaged)")
     inspect.add_argument("path", help="run directory, checkpoint directory or checkpoint file (.h5)")
     plot = sub.add_parser("plot", help="convergence picture of a run (PNG)")
     plot.add_argument("run_dir", help="run directory (or a checkpoint file)")
@@ -185,10 +186,12 @@ def _model(ctx, args) -> int:
 
 
 def _inspect(ctx, args) -> int:
-    from .inspection import inspect_path
+    from .inspection import inspect
 
     if ctx.is_root:  # one process reads; under a launcher the other ranks just wait
-        print(inspect_path(args.path))
+        text, damaged = inspect(args.path)
+        print(text)
+        return 1 if damaged else 0  # scripts can test a checkpoint before they resume from it
     return 0
 
 

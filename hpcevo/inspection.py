@@ -23,11 +23,13 @@ def _config_line(cfg: dict[str, Any]) -> str:
             f"seed {run.get('seed')}, {run.get('generations')} generations, {run.get('dtype', 'float32')}")
 
 
-def _checkpoint_rows(paths: list[Path]) -> list[str]:
-    rows = []
+def _checkpoint_rows(paths: list[Path]) -> tuple[list[str], list[bool]]:
+    """One line per checkpoint, and whether each is damaged (in the order of ``paths``)."""
+    rows, damaged = [], []
     for p in paths:
         r = checkpoint.verify_file(p)
         h = r.header
+        damaged.append(r.problem is not None)
         if h is None:
             rows.append(f"  {p.name:<18} {_mb(r.size_bytes):>10}  DAMAGED: {r.problem}")
             continue
@@ -35,11 +37,17 @@ def _checkpoint_rows(paths: list[Path]) -> list[str]:
         best = f"{r.best:.6e}" if r.best is not None else "-"
         rows.append(f"  {p.name:<18} {_mb(r.size_bytes):>10}  gen {h.generation:>8}  evals {h.evaluations:>11}  "
                     f"best {best:>13}  {h.ranks:>3} rank(s)  {h.created}  {state}")
-    return rows
+    return rows, damaged
 
 
 def inspect_path(path: str | Path) -> str:
     """A human-readable account of a run directory, a checkpoint directory or one checkpoint."""
+    return inspect(path)[0]
+
+
+def inspect(path: str | Path) -> tuple[str, bool]:
+    """(``inspect_path``'s account, whether the file or the directory's newest checkpoint is
+    damaged: what a resume would have to skip, so ``hpcevo inspect`` exits non-zero for it)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"'{path}' not found")
@@ -57,7 +65,7 @@ def inspect_path(path: str | Path) -> str:
                 f"state       {_mb(r.state_bytes)}",
             ]
         lines.append("status      " + ("valid: every checksum matches" if r.problem is None else f"DAMAGED: {r.problem}"))
-        return "\n".join(lines)
+        return "\n".join(lines), r.problem is not None
 
     lines = []
     ckdir = path
@@ -81,8 +89,9 @@ def inspect_path(path: str | Path) -> str:
     if not paths and not lines:
         raise UsageError(f"'{path}' holds neither a run (config.toml) nor checkpoints (gen-*.h5)")
     lines.append(f"checkpoints {ckdir}: {len(paths)}" + (f" (+ unfinished: {', '.join(partial)})" if partial else ""))
-    lines += _checkpoint_rows(paths)
-    return "\n".join(lines)
+    rows, damaged = _checkpoint_rows(paths)
+    lines += rows
+    return "\n".join(lines), bool(damaged) and damaged[0]
 
 
 def _outcome(rec: dict[str, Any]) -> str:

@@ -280,3 +280,12 @@ def test_inspect_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     bad = run(None, "inspect", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and "not found" in bad.stderr
+    # a damaged file, or a directory whose newest checkpoint is damaged: said, and exit 1
+    newest = out / "checkpoints" / "gen-000000120.h5"
+    os.truncate(newest, newest.stat().st_size // 2)
+    single = run(None, "inspect", str(newest))
+    assert single.returncode == 1 and "DAMAGED" in single.stdout
+    r = run(None, "inspect", str(out))
+    assert r.returncode == 1 and r.stdout.count("valid (state") == 2 and "DAMAGED" in r.stdout
+    older = out / "checkpoints" / "gen-000000100.h5"
+    assert run(None, "inspect", str(older)).returncode == 0
