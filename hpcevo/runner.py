@@ -306,8 +306,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
     else:
         wf = Workflow(algorithm, problem.evaluate, ctx, cfg.parallel.microbatch or None,
                       cfg.evaluation.batch_size or None, getattr(problem, "wants_generation", False),
-                      recorder=build_recorder(cfg, problem),
-                      block_invariant=getattr(problem, "block_invariant", False))
+                      recorder=build_recorder(cfg, problem))
     counters = getattr(wf, "counters", lambda state: {})
     loaded = _resume_point(ctx, cfg, wf, report) if resume else None
     start_gen = loaded.header.generation if loaded else 0

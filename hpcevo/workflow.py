@@ -75,12 +75,10 @@ class Workflow:
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
                  microbatch: int | None = None, batch_size: int | None = None,
-                 with_generation: bool = False, recorder: Any = None, block_invariant: bool = False):
+                 with_generation: bool = False, recorder: Any = None):
         """``with_generation``: call ``evaluate(x, generation)`` with the number of the generation
         being evaluated (1 = the initial population), for problems that draw new random
-        scenarios each generation; ``batch_size``, ``block_invariant`` (the problem gives a row
-        the same bits in any block, so each rank evaluates its share in one call): see
-        ``ShardedEvaluator``."""
+        scenarios each generation; ``batch_size``: see ``ShardedEvaluator``."""
         self.algorithm = algorithm
         self.ctx = ctx
         self._with_generation = with_generation
@@ -91,9 +89,8 @@ class Workflow:
             self._shards = (jnp.asarray(self._es.shard), jnp.asarray(self._es.shard))
         else:
             self._es = None
-            self._eval_init, self._eval_step = (
-                ShardedEvaluator(evaluate, n, ctx, microbatch, batch_size, block_invariant)
-                for n in (algorithm.num_init, algorithm.num_ask))
+            self._eval_init = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size)
+            self._eval_step = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size)
             # Which micro-batches this rank evaluates travels as data, not as a compile-time
             # constant, so every rank at every rank count compiles the same program.
             self._shards = (jnp.asarray(self._eval_init.shard), jnp.asarray(self._eval_step.shard))

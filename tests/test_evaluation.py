@@ -16,8 +16,8 @@ from hpcevo.runner import execute, probe_batch_size
 from hpcevo.workflow import Workflow, state_digest
 
 
-def run(ctx, algo, evaluate, batch_size=None, microbatch=None, generations=5, block_invariant=False):
-    wf = Workflow(algo, evaluate, ctx, microbatch, batch_size, block_invariant=block_invariant)
+def run(ctx, algo, evaluate, batch_size=None, microbatch=None, generations=5):
+    wf = Workflow(algo, evaluate, ctx, microbatch, batch_size)
     for b in wf.run(4, generations, generations):
         return state_digest(b.state), float(b.state.best_f)
 
@@ -36,8 +36,6 @@ def test_chunked_equals_unchunked_bitwise(ctx, name, pop, prob, dim, microbatch,
     algo = (CSO if name == "cso" else PSO)(pop_size=pop, dim=dim, lb=p.lb, ub=p.ub)
     chunked = run(ctx, algo, p.evaluate, batch_size, microbatch, generations=3)
     assert chunked == run(ctx, algo, p.evaluate, None, microbatch, generations=3)
-    # one call per rank (the problems are block invariant), in pieces: the same bits
-    assert chunked == run(ctx, algo, p.evaluate, batch_size, microbatch, generations=3, block_invariant=True)
 
 
 @pytest.mark.parametrize("name", ["cec2022_f7", "cec2022_f12"])
@@ -64,9 +62,6 @@ def test_no_call_sees_more_rows_than_batch_size(ctx):
     seen.clear()
     run(ctx, algo, evaluate, batch_size=None, microbatch=10, generations=1)
     assert seen == {10}
-    seen.clear()
-    run(ctx, algo, evaluate, batch_size=4, microbatch=10, generations=1, block_invariant=True)
-    assert seen == {4}  # a rank's whole range, still in pieces of batch_size
 
 
 def block_dependent(x):

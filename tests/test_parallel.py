@@ -32,8 +32,8 @@ def test_microbatch_depends_on_batch_size_only():
     assert microbatch_rows(1000, requested=50) == 50
 
 
-def run(ctx, algo, problem, generations=12, every=5, seed=7, microbatch=None, block_invariant=False):
-    wf = Workflow(algo, problem.evaluate, ctx, microbatch, block_invariant=block_invariant)
+def run(ctx, algo, problem, generations=12, every=5, seed=7, microbatch=None):
+    wf = Workflow(algo, problem.evaluate, ctx, microbatch)
     out = None
     for b in wf.run(seed, generations, every):
         if b.generation == generations:
@@ -67,47 +67,6 @@ def test_bitwise_equal_to_one_rank(ctx, name, pop, prob, dim):
     assert here == alone
     # and every rank holds the same result
     assert ctx.comm_ctl.allgather(here[0]) == [here[0]] * ctx.size
-
-
-WHOLE_CASES = [
-    # uneven splits at 3 and 4 ranks (a rank owning fewer micro-batches than the slots it slices),
-    # a remainder micro-batch, more ranks than micro-batches
-    ("pso", 37, "rastrigin", 8, 8),
-    ("cso", 256, "ackley", 100, None),
-    ("pso", 2, "rosenbrock", 4, None),
-]
-
-
-@pytest.mark.parametrize("name,pop,prob,dim,microbatch", WHOLE_CASES)
-def test_whole_range_evaluation_equals_the_microbatch_loop(ctx, name, pop, prob, dim, microbatch):
-    """A block-invariant problem is evaluated one call per rank (no micro-batch loop); the run on
-    this job's ranks equals, bit for bit, the micro-batch loop on one rank."""
-    problem = make_problem(prob, dim)
-    algo = (CSO if name == "cso" else PSO)(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub)
-    whole = run(ctx, algo, problem, microbatch=microbatch, block_invariant=True)
-    assert whole == run(self_ctx(), algo, problem, microbatch=microbatch)
-
-
-def test_whole_range_evaluation_is_one_call_per_rank(ctx):
-    import jax.numpy as jnp
-
-    seen = []
-
-    class Traced:
-        dim, lb, ub = 3, (-1.0,) * 3, (1.0,) * 3
-
-        @staticmethod
-        def evaluate(x):
-            seen.append(x.shape[0])  # runs while tracing: the blocks the problem is compiled for
-            return jnp.sum(x * x, -1)
-
-    algo = PSO(pop_size=50, dim=3, lb=Traced.lb, ub=Traced.ub)  # 7 micro-batches of 8 rows
-    run(ctx, algo, Traced, generations=2, every=2, block_invariant=True)
-    slots = -(-7 // ctx.size)
-    assert set(seen) == {slots * 8}
-    seen.clear()
-    run(ctx, algo, Traced, generations=2, every=2)
-    assert set(seen) == {8}
 
 
 def test_float64_bitwise_equal_to_one_rank(ctx):

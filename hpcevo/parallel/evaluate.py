@@ -26,14 +26,6 @@ fixed by the population and the setting, never by the rank count. Whether a row'
 the same as in the unchunked run depends on the problem: it is, bit for bit, when a row's value
 does not depend on the shape of the block it is evaluated in. hpcevo's own functions are written
 that way (``numerical.py``, ``cec2022.py``; tested); for others ``chunking_is_exact`` probes it.
-
-Block-invariant problems (``block_invariant = True``: a row's value is the same bits in any
-block, which hpcevo's own functions guarantee and test): each rank evaluates its whole range
-of micro-batches in one call instead of one micro-batch at a time. The result is the same bits
-(that is what block invariance means), and the loop costs: XLA on CPU compiles a problem inside
-a loop body about 30% slower than as straight-line code (Ackley 1024 x 100: 1.93 ms in one call,
-2.4-2.8 ms in a fori_loop or lax.map of 8-128 steps; docs/performance.md), which was most of
-PSO's overhead over its bare step. At one rank this is the bare call on the whole population.
 """
 
 from __future__ import annotations
@@ -72,12 +64,8 @@ class ShardedEvaluator:
     multi-objective problem, (n, m); the result is replicated."""
 
     def __init__(self, fn: Callable[..., jax.Array], n: int, ctx: ParallelContext,
-                 microbatch: int | None = None, batch_size: int | None = None,
-                 block_invariant: bool = False):
-        """``block_invariant``: ``fn`` gives a row the same bits in any block (see above), so a
-        rank may evaluate its micro-batches in one call."""
+                 microbatch: int | None = None, batch_size: int | None = None):
         self.fn, self.n, self.ctx = fn, n, ctx
-        self.block_invariant = block_invariant
         self.mb = microbatch_rows(n, microbatch)
         self.k = -(-n // self.mb)
         self.shard = np.asarray(shard_of(n, self.mb, ctx.size, ctx.rank), np.int32)
@@ -87,56 +75,38 @@ class ShardedEvaluator:
         self.order = np.concatenate([
             r * self.slots + np.arange(shard_of(n, self.mb, ctx.size, r)[1]) for r in range(ctx.size)])
         self.piece = min(batch_size, self.mb) if batch_size else self.mb
-        self.batch_size = batch_size
-        # A rank with fewer micro-batches than ``slots`` still slices ``slots`` of them (one
-        # static shape for every rank); ``reach`` micro-batches of input keep that slice inside
-        # the buffer, where dynamic_slice would otherwise clamp its start and shift the rows.
-        self.reach = max(shard_of(n, self.mb, ctx.size, r)[0] + self.slots for r in range(ctx.size))
-
-    def _pieces(self, x: jax.Array, piece: int, args: tuple) -> jax.Array:
-        """The fitness of the rows ``x``, evaluated ``piece`` rows at a time."""
-        rows = x.shape[0]
-        if piece >= rows:
-            return self.fn(x, *args)
-        pieces = -(-rows // piece)
-        if pieces * piece > rows:  # pad with the block's first row, dropped below
-            x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pieces * piece - rows, x.shape[1]))])
-        f = lax.map(lambda xp: self.fn(xp, *args), x.reshape(pieces, piece, x.shape[1]))
-        return f.reshape(pieces * piece, *f.shape[2:])[:rows]
 
     def _micro(self, x: jax.Array, args: tuple) -> jax.Array:
         """The fitness of one micro-batch, in pieces of at most ``self.piece`` rows."""
-        return self._pieces(x, self.piece, args)
+        mb, piece = self.mb, self.piece
+        if piece == mb:
+            return self.fn(x, *args)
+        pieces = -(-mb // piece)
+        if pieces * piece > mb:  # pad with the micro-batch's first row, dropped below
+            x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pieces * piece - mb, x.shape[1]))])
+        f = lax.map(lambda xp: self.fn(xp, *args), x.reshape(pieces, piece, x.shape[1]))
+        return f.reshape(pieces * piece, *f.shape[2:])[:mb]
 
     def __call__(self, candidates: jax.Array, shard: jax.Array, *args) -> jax.Array:
         """``args`` (e.g. the generation number) are passed on to the problem function."""
-        n, mb, k, slots = self.n, self.mb, self.k, self.slots
+        n, mb, k = self.n, self.mb, self.k
         candidates = lax.optimization_barrier(candidates)
-        rows = (max(k, self.reach) if self.block_invariant else k) * mb
-        if rows > n:
+        if k * mb > n:
             # Pad with a real candidate (row 0), not zeros: zeros may lie outside the problem's
             # domain and raise floating-point trouble. Padded results are dropped below.
-            filler = jnp.broadcast_to(candidates[:1], (rows - n, candidates.shape[1]))
+            filler = jnp.broadcast_to(candidates[:1], (k * mb - n, candidates.shape[1]))
             candidates = jnp.concatenate([candidates, filler])
+        batches = candidates.reshape(k, mb, candidates.shape[1])
         dtype = candidates.dtype
-        if self.block_invariant:
-            # This rank's micro-batches and, on a rank that owns fewer than ``slots``, the next
-            # ones (evaluated, then dropped by ``order``): one shape on every rank.
-            x = lax.dynamic_slice_in_dim(candidates, shard[0] * mb, slots * mb)
-            f = self._pieces(x, self.batch_size or slots * mb, args).astype(dtype)
-            per_row = f.shape[1:]
-            mine = f.reshape(slots, mb, *per_row)
-        else:
-            per_row = jax.eval_shape(lambda x: self._micro(x, args),
-                                     jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
-            batches = candidates.reshape(k, mb, candidates.shape[1])
+        per_row = jax.eval_shape(lambda x: self._micro(x, args),
+                                 jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
 
-            def body(i, out):
-                x = lax.dynamic_index_in_dim(batches, shard[0] + i, keepdims=False)
-                f = self._micro(x, args).astype(dtype)
-                return lax.dynamic_update_index_in_dim(out, f, i, 0)
+        def body(i, out):
+            x = lax.dynamic_index_in_dim(batches, shard[0] + i, keepdims=False)
+            f = self._micro(x, args).astype(dtype)
+            return lax.dynamic_update_index_in_dim(out, f, i, 0)
 
-            mine = lax.fori_loop(0, shard[1], body, jnp.zeros((slots, mb, *per_row), dtype))
+        mine = lax.fori_loop(0, shard[1], body, jnp.zeros((self.slots, mb, *per_row), dtype))
         # Issued at one rank too (where it is a copy): leaving the collective out changes how XLA
         # compiles the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
         import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
