@@ -59,6 +59,28 @@ def shard_of(n: int, mb: int, size: int, rank: int) -> tuple[int, int]:
 
 
 
+def blockwise(fn: Callable[[jax.Array], jax.Array], blocks: jax.Array, first: jax.Array | int,
+              count: jax.Array | int, out: jax.Array) -> jax.Array:
+    """``out[i] = fn(blocks[first + i])`` for ``i < count``, one block at a time.
+
+    The block a call sees is a loop-carried buffer, fetched one iteration ahead, never a
+    dynamic slice of ``blocks`` inside the body: XLA on CPU fuses such a slice into the problem's
+    own fusions, which then recompute the clamped offset per element and lose vectorisation.
+    Measured (Ackley, dim 100, one core, min of 7): the plain loop took 1.38x the time of one
+    call on the whole 1,024-row block (16-row blocks) and 1.28x at 16,384 rows (256-row blocks);
+    this loop 1.03x and 0.98x; for the sphere function 4.0x / 3.3x against 1.26x / 0.88x. Both
+    give bitwise the same values (each block is still evaluated alone, at the same shape).
+    """
+    def body(i, carry):
+        out, current = carry
+        # Past the last block the index clamps: a block fetched and never used.
+        upcoming = lax.dynamic_index_in_dim(blocks, first + i + 1, keepdims=False)
+        return lax.dynamic_update_index_in_dim(out, fn(current), i, 0), upcoming
+
+    start = lax.dynamic_index_in_dim(blocks, first, keepdims=False)
+    return lax.fori_loop(0, count, body, (out, start))[0]
+
+
 class ShardedEvaluator:
     """``evaluate(candidates, shard) -> fitness``: jittable, (n, dim) -> (n,) or, for a
     multi-objective problem, (n, m); the result is replicated."""
@@ -84,7 +106,10 @@ class ShardedEvaluator:
         pieces = -(-mb // piece)
         if pieces * piece > mb:  # pad with the micro-batch's first row, dropped below
             x = jnp.concatenate([x, jnp.broadcast_to(x[:1], (pieces * piece - mb, x.shape[1]))])
-        f = lax.map(lambda xp: self.fn(xp, *args), x.reshape(pieces, piece, x.shape[1]))
+        parts = x.reshape(pieces, piece, x.shape[1])
+        per_row = jax.eval_shape(lambda p: self.fn(p, *args), jax.ShapeDtypeStruct(parts.shape[1:], x.dtype)).shape[1:]
+        out = jnp.zeros((pieces, piece, *per_row), x.dtype)
+        f = blockwise(lambda p: self.fn(p, *args).astype(x.dtype), parts, 0, pieces, out)
         return f.reshape(pieces * piece, *f.shape[2:])[:mb]
 
     def __call__(self, candidates: jax.Array, shard: jax.Array, *args) -> jax.Array:
@@ -101,12 +126,8 @@ class ShardedEvaluator:
         per_row = jax.eval_shape(lambda x: self._micro(x, args),
                                  jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
 
-        def body(i, out):
-            x = lax.dynamic_index_in_dim(batches, shard[0] + i, keepdims=False)
-            f = self._micro(x, args).astype(dtype)
-            return lax.dynamic_update_index_in_dim(out, f, i, 0)
-
-        mine = lax.fori_loop(0, shard[1], body, jnp.zeros((self.slots, mb, *per_row), dtype))
+        mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], shard[1],
+                         jnp.zeros((self.slots, mb, *per_row), dtype))
         # Issued at one rank too (where it is a copy): leaving the collective out changes how XLA
         # compiles the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
         import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
