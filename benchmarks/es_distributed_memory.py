@@ -18,7 +18,7 @@ the start-up (imports, JAX, MPI: ``base``) and after the run (``peak``). The sui
 
 What the distributed mode holds per rank, by design (hpcevo/parallel/es.py): the state (a few
 dim-vectors), one block's noise and candidates ((copies + 1) x block x dim values, plus the
-random bits they come from), and the (blocks, 1, dim) buffer of partial sums the ranks merge
+random bits they come from), and the (blocks, 1, dim) buffer of partial sums the ranks gather
 (64 x dim by default): O((64 + block) x dim), independent of the population and of the rank count.
 """
 
