@@ -255,6 +255,30 @@ def test_block_noise_is_standard_normal_and_one_block_regenerates_alone():
         assert np.asarray(algo.candidate(s, key, i)).tobytes() == np.asarray(x[i]).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_noise_sincos_is_accurate_to_an_ulp_in_every_quadrant(dtype):
+    with jax.enable_x64(jnp.dtype(dtype).itemsize == 8):
+        _check_sincos(dtype)
+
+
+def _check_sincos(dtype):
+    eps = float(jnp.finfo(dtype).eps)
+    edges = np.array([0.0, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8, 1.0])
+    u = np.concatenate([edges, np.nextafter(edges[1:], 0), np.linspace(0, 1, 100_003)[1:-1]])
+    u = jnp.asarray(u, dtype)
+    c, s = jax.jit(_es._sincos_turn)(u)
+    # the reference in x87 extended precision: 2 pi u rounded in float64 would itself be off by
+    # several float64 ulps
+    two_pi = 2 * np.longdouble("3.14159265358979323846264338327950288")
+    angle = two_pi * np.asarray(u, np.float64).astype(np.longdouble)
+    assert np.abs(np.asarray(c).astype(np.longdouble) - np.cos(angle)).max() <= 1.5 * eps
+    assert np.abs(np.asarray(s).astype(np.longdouble) - np.sin(angle)).max() <= 1.5 * eps
+    exact = {0.0: (1, 0), 0.25: (0, 1), 0.5: (-1, 0), 0.75: (0, -1), 1.0: (1, 0)}
+    for i, v in enumerate(np.asarray(u[:9], np.float64)):
+        if v in exact:
+            assert (float(c[i]), float(s[i])) == exact[v]
+
+
 def test_openes_samples_mirrored_pairs():
     algo = OpenES(pop_size=8, dim=3, lb=(-2.0,) * 3, ub=(2.0,) * 3)
     s = algo.init(jax.random.PRNGKey(0))

@@ -146,6 +146,41 @@ def _unit_interval(bits: jax.Array, dtype) -> jax.Array:
     return 2.0 - f
 
 
+def _horner(coef: list[float], x: jax.Array) -> jax.Array:
+    """sum coef[i] x^i, every product fenced (no FMA contraction, the same bits in any program)."""
+    p = jnp.full_like(x, coef[-1])
+    for a in reversed(coef[:-1]):
+        p = fence(p * x, p) + a
+    return p
+
+
+def _sincos_turn(u: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cos 2 pi u, sin 2 pi u) for u in [0, 1], to about one ulp.
+
+    The angle is reduced exactly, in turns: 4u is exact, q = round(4u) its quadrant and
+    t = 4u - q in [-1/2, 1/2] exact as well (Sterbenz), so theta = t pi / 2 lies in
+    [-pi/4, pi/4], where the Taylor series of sin and cos converge fast (float32: terms to
+    theta^11 and theta^12, truncation below 2e-9; float64: to theta^19 and theta^20, below 1e-17);
+    the quadrant only swaps and negates. Why not jnp.cos / jnp.sin of 2 pi u: on XLA CPU they
+    took 70% of the whole noise block (0.56 of 0.80 ms for 51,200 normals, one core) against
+    0.20 ms here, and rounding 2 pi u first costs them accuracy (max error 3.8e-7 in float32
+    against 9.7e-8 here, measured over 2e6 samples).
+    """
+    terms = 6 if jnp.dtype(u.dtype).itemsize == 4 else 10
+    sin_c = [(-1) ** k / math.factorial(2 * k + 1) for k in range(terms)]
+    cos_c = [(-1) ** k / math.factorial(2 * k) for k in range(terms + 1)]
+    u4 = 4.0 * u
+    q = jnp.round(u4)
+    t = u4 - q
+    theta = fence((math.pi / 2) * t, t)
+    theta2 = fence(theta * theta, theta)
+    sn = fence(theta * _horner(sin_c, theta2), theta)
+    cs = _horner(cos_c, theta2)
+    quadrant = q.astype(jnp.int32) & 3
+    first = [quadrant == 0, quadrant == 1, quadrant == 2]
+    return jnp.select(first, [cs, -sn, -cs], sn), jnp.select(first, [sn, cs, -sn], -cs)
+
+
 def block_noise(key: jax.Array, block, rows: int, dim: int, dtype) -> jax.Array:
     """Standard normal (rows, dim) for block ``block`` of the generation, from fold_in(key, block).
 
@@ -155,8 +190,9 @@ def block_noise(key: jax.Array, block, rows: int, dim: int, dtype) -> jax.Array:
     key per block rather than per row. Every product is fenced: JAX's own normal sampler
     evaluates erfinv as a polynomial of plain multiplies and adds that XLA fuses into its
     consumers, and the FMA contractions then differ between programs (seen: the same key gave
-    rows differing in the last bit inside a sharded step and inside ``ask``). log, cos, sin and
-    sqrt are single operations here, and a block comes out the same in every program.
+    rows differing in the last bit inside a sharded step and inside ``ask``). log and sqrt are
+    single operations here, cos and sin fenced polynomials (``_sincos_turn``), and a block comes
+    out the same in every program.
 
     [BM58] G. E. P. Box and M. E. Muller, "A Note on the Generation of Random Normal Deviates",
            Annals of Mathematical Statistics 29(2):610-611, 1958.
@@ -168,8 +204,7 @@ def block_noise(key: jax.Array, block, rows: int, dim: int, dtype) -> jax.Array:
     u1, u2 = _unit_interval(bits[0], dtype), _unit_interval(bits[1], dtype)
     log_u = jnp.log(u1)
     r = jnp.sqrt(fence(-2.0 * log_u, log_u))
-    angle = fence((2.0 * math.pi) * u2, u2)
-    c, s = jnp.cos(angle), jnp.sin(angle)
+    c, s = _sincos_turn(u2)
     z = jnp.concatenate([fence(r * c, c), fence(r * s, s)])
     return z[:n].reshape(rows, dim)
 
