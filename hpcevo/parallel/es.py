@@ -51,7 +51,7 @@ import numpy as np
 from jax import lax
 
 from .context import ParallelContext
-from .evaluate import shard_of
+from .evaluate import gather_slots, shard_of, slot_layout
 
 
 class ShardedESStep:
@@ -67,21 +67,7 @@ class ShardedESStep:
         self.b = algorithm.block_rows
         self.k = -(-self.units // self.b)
         self.shard = np.asarray(shard_of(self.k, 1, ctx.size, ctx.rank), np.int32)
-        # As in evaluate.py: every rank sends ``slots`` blocks (the most any rank owns); block j
-        # lands at ``order[j]`` of the gathered (ranks * slots) buffer.
-        self.slots = -(-self.k // ctx.size)
-        self.order = np.concatenate([
-            r * self.slots + np.arange(shard_of(self.k, 1, ctx.size, r)[1]) for r in range(ctx.size)])
-
-    def _gather(self, mine: jax.Array) -> jax.Array:
-        """(slots, ...) per rank -> (k, ...) on every rank, block j at row j."""
-        # Issued at one rank too, as in evaluate.py: every rank count compiles the same program.
-        import mpi4jax  # here, not at import, as in evaluate.py
-
-        everyone = mpi4jax.allgather(mine, comm=self.ctx.comm_jax).reshape(-1, *mine.shape[1:])
-        if np.array_equal(self.order, np.arange(self.k)):
-            return everyone[:self.k]  # shares are contiguous already: no gather copy of k partials
-        return everyone[self.order]
+        self.slots, self.order = slot_layout(self.k, ctx.size)  # one allgather, as in evaluate.py
 
     def __call__(self, state: Any, shard: jax.Array, *args):
         """``args`` (e.g. the generation number) are passed on to the problem function."""
@@ -97,7 +83,8 @@ class ShardedESStep:
             return lax.dynamic_update_index_in_dim(out, f, i, 0)
 
         f = lax.fori_loop(0, shard[1], evaluate, jnp.zeros((self.slots, c, b), dtype))
-        raw = self._gather(f).transpose(1, 0, 2).reshape(c, k * b)[:, :units].reshape(c * units)
+        raw = gather_slots(f, self.order, self.ctx).transpose(1, 0, 2)  # (c, k, b)
+        raw = raw.reshape(c, k * b)[:, :units].reshape(c * units)
         w = a.weights(state, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         w = jnp.concatenate([w, jnp.zeros((k * b - units, w.shape[1]), w.dtype)]).reshape(k, b, w.shape[1])
         shape = jax.eval_shape(lambda z, v: a.partial(state, z, v), jax.ShapeDtypeStruct((b, a.dim), dtype),
@@ -109,5 +96,5 @@ class ShardedESStep:
             return lax.dynamic_update_index_in_dim(out, p, i, 0)
 
         partials = lax.fori_loop(0, shard[1], accumulate, jnp.zeros((self.slots, *shape), dtype))
-        new = a.apply(state, a.combine(self._gather(partials)))
+        new = a.apply(state, a.combine(gather_slots(partials, self.order, self.ctx)))
         return new, raw, lambda i: a.candidate(state, key, i)

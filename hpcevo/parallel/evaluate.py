@@ -81,6 +81,27 @@ def blockwise(fn: Callable[[jax.Array], jax.Array], blocks: jax.Array, first: ja
     return lax.fori_loop(0, count, body, (out, start))[0]
 
 
+def slot_layout(k: int, size: int) -> tuple[int, np.ndarray]:
+    """How ``k`` blocks, split by ``shard_of``, travel in one allgather: every rank sends ``slots``
+    blocks (the most any rank owns; the rest is padding) and ``order[j]`` is where block j lands
+    in the gathered (size * slots) buffer."""
+    slots = -(-k // size)
+    order = np.concatenate([r * slots + np.arange(shard_of(k, 1, size, r)[1]) for r in range(size)])
+    return slots, order
+
+
+def gather_slots(mine: jax.Array, order: np.ndarray, ctx: ParallelContext) -> jax.Array:
+    """(slots, ...) on each rank -> (k, ...) on every rank, block j at row j: an exact copy.
+
+    Issued at one rank too (where it is a copy): leaving the collective out changes how XLA
+    compiles the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
+    """
+    import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
+
+    everyone = mpi4jax.allgather(mine, comm=ctx.comm_jax)
+    return everyone.reshape(-1, *mine.shape[1:])[order]
+
+
 class ShardedEvaluator:
     """``evaluate(candidates, shard) -> fitness``: jittable, (n, dim) -> (n,) or, for a
     multi-objective problem, (n, m); the result is replicated."""
@@ -91,11 +112,7 @@ class ShardedEvaluator:
         self.mb = microbatch_rows(n, microbatch)
         self.k = -(-n // self.mb)
         self.shard = np.asarray(shard_of(n, self.mb, ctx.size, ctx.rank), np.int32)
-        # Each rank sends ``slots`` micro-batches (the most any rank owns; the rest is padding);
-        # ``order[j]`` is where micro-batch j lands in the gathered (ranks * slots) buffer.
-        self.slots = -(-self.k // ctx.size)
-        self.order = np.concatenate([
-            r * self.slots + np.arange(shard_of(n, self.mb, ctx.size, r)[1]) for r in range(ctx.size)])
+        self.slots, self.order = slot_layout(self.k, ctx.size)
         self.piece = min(batch_size, self.mb) if batch_size else self.mb
 
     def _micro(self, x: jax.Array, args: tuple) -> jax.Array:
@@ -128,12 +145,7 @@ class ShardedEvaluator:
 
         mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], shard[1],
                          jnp.zeros((self.slots, mb, *per_row), dtype))
-        # Issued at one rank too (where it is a copy): leaving the collective out changes how XLA
-        # compiles the rest of the step, and with it the last bits of the state (seen: CSO, pop 1024).
-        import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
-
-        everyone = mpi4jax.allgather(mine, comm=self.ctx.comm_jax)
-        fitness = everyone.reshape(-1, mb, *per_row)[self.order].reshape(k * mb, *per_row)[:n]
+        fitness = gather_slots(mine, self.order, self.ctx).reshape(k * mb, *per_row)[:n]
         return lax.optimization_barrier(fitness)
 
 
