@@ -26,6 +26,16 @@ Publishing is atomic: everything goes to ``.gen-....h5.partial`` in the same dir
 then rank 0 renames it into place and fsyncs the directory. A reader sees whole checkpoints or
 none; a crash mid-write leaves only a ``.partial`` file, removed by the next run.
 
+A failure (full disk, read-only directory) may hit some ranks only. Each stage ends with an
+agreement, so every rank raises the same CheckpointError. HDF5 1.10's own collectives are not
+so careful: a rank whose share of a metadata flush fails leaves the flush early while the others
+wait inside it. So a rank with an error waits at most ``STRANDED_AFTER_S`` for the others to
+agree, and then reports and ends the job itself; and the close of a failed file, where every
+rank may be left inside HDF5, runs under a watchdog that does the same. A failure inside one
+of HDF5's flushes can leave every rank inside it too, with no error visible yet; so the flushes
+and the close of a checkpoint being written run under the same watchdog, with a longer limit
+(``checkpoint.stuck_seconds``, default 300 s) since a healthy flush syncs the data to disk.
+
 Every public function that takes a ``ctx`` is collective over its ranks.
 """
 
@@ -43,10 +53,16 @@ from typing import Any
 import numpy as np
 
 from .errors import CheckpointError, UsageError
-from .parallel import ParallelContext, agree_on_error, allgather_obj, barrier, bcast_from_root, shard_of
+from .parallel import (ParallelContext, abort_if_stuck, agree_on_error, allgather_obj, barrier, bcast_from_root,
+                       shard_of)
 
 FORMAT = "hpcevo-checkpoint"
 FORMAT_VERSION = 1
+# How long a rank whose HDF5 call failed waits for the others before concluding they are stuck
+# inside HDF5's own collective and ending the job itself. Generous: on a loaded parallel file
+# system a healthy rank's metadata flush can take seconds, and waiting only delays a failure
+# that is already certain.
+STRANDED_AFTER_S = 30.0
 # The history of a single-objective run; a checkpoint stores whatever per-generation series the
 # run keeps (``history/<name>``), so other kinds of runs can keep other series.
 HISTORY_FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
@@ -200,8 +216,12 @@ def _oserror_text(e: BaseException) -> str:
     return first
 
 def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 3,
-          keep_every: int = 0) -> Path:
+          keep_every: int = 0, stuck_after: float = 300.0) -> Path:
     """Write ``snap`` as a new checkpoint, publish it atomically, prune old ones. Collective.
+
+    ``stuck_after``: seconds after which a collective HDF5 flush or close that has not returned
+    is taken as stuck (a rank's write failed inside HDF5, see the module docstring), and the job
+    is ended with the checkpoint error's exit code.
 
     Raises CheckpointError on every rank if any rank failed; the previously published
     checkpoints are untouched then, and the partial file is removed.
@@ -229,11 +249,26 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
     for field, values in sorted(snap.history.items()):
         datasets.append((f"history/{field}", np.asarray(values), None))
 
-    def fail(stage: str, error: BaseException | None) -> None:
-        error = agree_on_error(ctx, error)
+    # A rank that knows of an error must give up on the others before their watchdogs (below)
+    # fire, so that it is the one that reports.
+    stranded_after = min(STRANDED_AFTER_S, stuck_after / 2)
+
+    def fail(stage: str, error: BaseException | None, *, in_hdf5: bool = True) -> None:
+        error = agree_on_error(ctx, error, stranded_after=stranded_after if in_hdf5 else None)
         if error is not None:
-            raise error if isinstance(error, CheckpointError) else CheckpointError(
+            out = error if isinstance(error, CheckpointError) else CheckpointError(
                 f"cannot write checkpoint '{final}' ({stage}): {_oserror_text(error)}")
+            out.stranded = getattr(error, "stranded", False)
+            raise out
+
+    def stuck_guard(stage: str):
+        # A rank whose share of HDF5's metadata writes fails can leave every rank inside HDF5,
+        # in different collectives, where no agreement reaches them.
+        return abort_if_stuck(ctx, stuck_after, CheckpointError.exit_code, (
+            f"cannot write checkpoint '{final}' ({stage}): HDF5's collective call had not returned "
+            f"after {stuck_after:g} s (checkpoint.stuck_seconds); a rank's write probably failed "
+            f"inside HDF5: check the space and permissions of '{directory}'. The job was ended; "
+            "the checkpoints written before are intact: fix the directory, then --resume"))
 
     error: BaseException | None = None
     if ctx.is_root:
@@ -242,7 +277,7 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
             tmp.unlink(missing_ok=True)
         except OSError as e:
             error = e
-    fail("creating the directory", error)
+    fail("creating the directory", error, in_hdf5=False)
 
     try:
         f = _open(ctx, tmp, "w")
@@ -297,14 +332,17 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
                         table[b] = c
                 d.attrs["crc32"] = table
                 d.attrs["crc_rows"] = rows
-            f.flush()
+            with stuck_guard("finishing the file"):
+                f.flush()
             f.attrs["complete"] = True
-            f.flush()
+            with stuck_guard("finishing the file"):
+                f.flush()
         except Exception as e:  # noqa: BLE001
             error = e
         fail("finishing the file", error)
         try:
-            f.close()
+            with stuck_guard("closing the file"):
+                f.close()
         except Exception as e:  # noqa: BLE001
             error = e
             _never_touch_again(f, handles)
@@ -319,11 +357,16 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
                 _fsync(directory)
             except OSError as e:
                 error = e
-        fail("publishing", error)
+        fail("publishing", error, in_hdf5=False)
         published = True
-    finally:
+    except BaseException as e:
         if f is not None:
-            _close_failed(ctx, f, handles, tmp)
+            if getattr(e, "stranded", False):  # the others are stuck in HDF5 and the job is ending
+                _never_touch_again(f, handles)
+            else:
+                _close_failed(ctx, f, handles, tmp, str(e), stranded_after)
+        raise
+    finally:
         if not published and ctx.is_root:
             try:
                 tmp.unlink(missing_ok=True)
@@ -335,14 +378,18 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
     return final
 
 
-def _close_failed(ctx: ParallelContext, f, handles: list, tmp: Path) -> None:
+def _close_failed(ctx: ParallelContext, f, handles: list, tmp: Path, why: str, limit: float) -> None:
     """Close a checkpoint file whose writing failed (collective: every rank gets here together).
 
-    On a full disk HDF5's close fails too (it cannot flush its metadata), and HDF5 1.10 leaves a
-    file whose close failed half-torn-down: touching it again, even at exit, crashes the
-    process. So the partial file is emptied first, which gives back the space it took, and only
-    then closed (it is deleted afterwards anyway). If the close still fails, the process must
-    not run HDF5's cleanup at exit: it leaves with ``os._exit`` and the checkpoint error's code.
+    The partial file is emptied first, which gives back the space it took (it is deleted
+    afterwards anyway). HDF5 1.10's collective close then flushes the metadata still dirty, and
+    on a full disk that write can fail on some ranks only: those skip the flush's closing
+    barrier and enter the next collective (the truncate's broadcast) while the others wait in
+    the barrier, all inside HDF5, forever (seen in about one run in five of
+    tests/test_survive.py's full-disk case). No agreement can reach them there, so a watchdog
+    ends the job if the close has not returned in time. If the close fails, HDF5 1.10 leaves the
+    file half-torn-down, and touching it again, even at exit, crashes the process: it leaves
+    with ``os._exit`` and the checkpoint error's code instead.
     """
     if ctx.is_root:
         try:
@@ -350,10 +397,13 @@ def _close_failed(ctx: ParallelContext, f, handles: list, tmp: Path) -> None:
         except OSError:
             pass
     barrier(ctx)
-    try:
-        f.close()
-    except Exception:  # noqa: BLE001
-        _never_touch_again(f, handles)
+    with abort_if_stuck(ctx, limit, CheckpointError.exit_code,
+                        f"{why}; the job was ended because HDF5's collective close of the failed file "
+                        f"did not return within {limit:g} s"):
+        try:
+            f.close()
+        except Exception:  # noqa: BLE001
+            _never_touch_again(f, handles)
 
 
 _UNCLOSABLE: list = []

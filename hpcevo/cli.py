@@ -250,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     except (UsageError, DivergenceError, CheckpointError) as e:
+        if getattr(e, "stranded", False) and ctx is not None and ctx.size > 1:
+            # The other ranks are stuck in a collective this rank left (HDF5's, on a full disk)
+            # and cannot hear an error any more: this rank reports and ends the job for all.
+            print(f"hpcevo: error: {e} [rank {ctx.rank} ended the job: the other ranks did not come "
+                  "back from HDF5's collective call]", file=sys.stderr, flush=True)
+            ctx.abort(e.exit_code)
         if ctx is None or ctx.is_root:
             print(f"hpcevo: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code

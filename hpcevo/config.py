@@ -123,6 +123,9 @@ class CheckpointSection(_Section):
     # "01:30:00") or a local time ("2026-11-23T18:00"). A scheduler end time, when known, counts too.
     deadline: str | int | None = None
     margin_seconds: float = Field(60.0, ge=0)  # stop at least this long before the deadline
+    # A collective HDF5 flush or close of a checkpoint still running after this long is taken as
+    # stuck (a write failed on some ranks inside HDF5) and the job ends with exit code 4.
+    stuck_seconds: float = Field(300.0, gt=0)
 
     @field_validator("deadline")
     @classmethod

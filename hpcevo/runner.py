@@ -398,12 +398,14 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, overwrite: bool = False, re
                 snap = checkpoint.Snapshot(gen, wf.evaluations(gen), cfg.run.seed, config_text,
                                            state, history.view(), algorithm.num_init, algorithm.num_ask)
                 try:
-                    last_ckpt_path = checkpoint.write(ctx, ckdir, snap, keep=ck.keep, keep_every=ck.keep_every)
+                    last_ckpt_path = checkpoint.write(ctx, ckdir, snap, keep=ck.keep, keep_every=ck.keep_every,
+                                                       stuck_after=ck.stuck_seconds)
                 except CheckpointError as e:
-                    raise CheckpointError(
+                    err = CheckpointError(
                         f"{e}. The checkpoints written before are intact (newest: "
-                        f"{last_ckpt_path or 'none yet'}); free space or fix the directory, then --resume"
-                    ) from None
+                        f"{last_ckpt_path or 'none yet'}); free space or fix the directory, then --resume")
+                    err.stranded = getattr(e, "stranded", False)
+                    raise err from None
                 dt = time.perf_counter() - t
                 ckpt_seconds += dt
                 stop_at.note_checkpoint(dt)

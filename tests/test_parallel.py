@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -118,3 +120,30 @@ def test_error_on_one_rank_reaches_all(ctx):
     got = agree_on_error(ctx, err)
     assert isinstance(got, ConfigError) and "boom" in str(got)
     assert agree_on_error(ctx, None) is None
+
+
+def test_error_with_stranded_after_reaches_all_when_everyone_arrives(ctx):
+    err = OSError(28, "No space left on device") if ctx.rank == ctx.size - 1 else None
+    got = agree_on_error(ctx, err, stranded_after=60.0)
+    assert isinstance(got, OSError if ctx.rank == ctx.size - 1 else RuntimeError)
+    assert "No space left on device" in str(got) and not getattr(got, "stranded", False)
+    assert agree_on_error(ctx, None, stranded_after=60.0) is None
+
+
+def test_rank_with_an_error_gives_up_on_ranks_that_never_arrive(ctx):
+    """The other ranks are held elsewhere (as inside HDF5's own collective) past the deadline: the
+    rank with the error returns it marked stranded instead of waiting for them forever."""
+    if ctx.size == 1:
+        pytest.skip("needs other ranks to be absent")
+    last = ctx.rank == ctx.size - 1
+    if last:
+        t0 = time.monotonic()
+        got = agree_on_error(ctx, OSError(28, "No space left on device"), stranded_after=0.5)
+        waited = time.monotonic() - t0
+        assert getattr(got, "stranded", False) and "No space left" in str(got)
+        assert 0.5 <= waited < 3.0, waited  # gave up at the deadline, not at the others' return
+        ctx.comm_ctl.allgather(None)  # the exchange the stranded rank skipped, so the test can go on
+    else:
+        time.sleep(4.0)  # held past the deadline; then arrive as a late, healthy rank would
+        got = agree_on_error(ctx, None, stranded_after=0.5)
+        assert got is None  # the stranded rank said nothing: it is the one that ends the job

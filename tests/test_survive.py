@@ -222,7 +222,9 @@ def test_checkpoint_directory_failing_mid_run_is_one_clear_error(tmp_path, how):
     elif how == "full" or os.geteuid() == 0:
         pytest.skip("needs root with mount (tmpfs) to make a directory full or read-only for root")
     cfg, out = write_config(tmp_path, every=50), tmp_path / "run"
-    proc = start(2, "run", str(cfg), "--set", f"run.out={out}", "--set", f"checkpoint.dir={ckdir}", "-q")
+    # stuck_seconds: a write that fails inside HDF5's flush can hold every rank there (see below)
+    proc = start(2, "run", str(cfg), "--set", f"run.out={out}", "--set", f"checkpoint.dir={ckdir}",
+                 "--set", "checkpoint.stuck_seconds=10", "-q")
     try:
         wait_for_checkpoints(ckdir, 2, proc)
         if how == "read-only":
@@ -251,6 +253,69 @@ def test_checkpoint_directory_failing_mid_run_is_one_clear_error(tmp_path, how):
     assert reason in stderr and str(ckdir) in stderr
     assert "Traceback" not in stderr
     assert good and all(r.problem is None for r in reports), [r.problem for r in reports]
+
+
+# HDF5 1.10's parallel flush on a full disk: a rank whose share of the metadata writes fails
+# skips the flush's closing barrier, and ranks end up in different collectives. Injected here, so
+# that the hang is certain rather than one run in five. "flush": rank 1's flush fails and leaves
+# rank 0 held in a collective that rank 1 never enters. "close": every rank's flush fails (so the
+# failure is agreed) and then the close of the failed file holds each rank in a different one.
+# "inside": the flush holds each rank in a different collective, no error seen yet by anyone.
+STUCK_IN_HDF5 = """
+import sys
+import h5py
+from mpi4py import MPI
+from hpcevo import cli
+
+mode = sys.argv.pop(1)
+held = [MPI.COMM_WORLD.Dup(), MPI.COMM_WORLD.Dup()]
+rank = held[0].rank
+flushes = []
+real_flush, real_close = h5py.File.flush, h5py.File.close
+
+def flush(self):
+    flushes.append(1)
+    if len(flushes) == 3:  # the second checkpoint's first flush
+        if mode == "inside":
+            held[rank % 2].Barrier()
+        if rank == 1 or mode == "close":
+            raise OSError(28, "No space left on device")
+        held[0].Barrier()
+    return real_flush(self)
+
+def close(self):
+    if mode == "close" and len(flushes) >= 3:
+        held[rank % 2].Barrier()
+    return real_close(self)
+
+h5py.File.flush, h5py.File.close = flush, close
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("stuck_in", ["flush", "close", "inside"])
+def test_checkpoint_failure_ends_the_job_when_ranks_are_stuck_inside_hdf5(tmp_path, stuck_in):
+    """Ranks held inside HDF5 can neither hear of the error nor time out. "flush": the rank whose
+    write failed gives up waiting for the others, reports, and ends the job. "close" and "inside":
+    a watchdog ends it, rank 0 reporting. Each way: one message, the checkpoint error's exit code,
+    and the first checkpoint stays valid."""
+    cfg, out, ck = write_config(tmp_path, generations=10_000, every=50), tmp_path / "run", tmp_path / "ck"
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_IN_HDF5)
+    r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script), stuck_in, "run", str(cfg),
+                        "--set", f"run.out={out}", "--set", f"checkpoint.dir={ck}",
+                        "--set", "checkpoint.stuck_seconds=4", "-q"],
+                       capture_output=True, text=True, timeout=120, env=clean_env())
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.count("hpcevo: error: cannot write checkpoint") == 1, r.stderr
+    reason = "HDF5's collective call had not returned after 4 s" if stuck_in == "inside" else "No space left on device"
+    assert f"cannot write checkpoint '{ck / 'gen-000000100.h5'}' (finishing the file): {reason}" in r.stderr
+    ended = {"flush": "[rank 1 ended the job",
+             "close": "the job was ended because HDF5's collective close of the failed file did not return within 2 s",
+             "inside": "The job was ended; the checkpoints written before are intact"}[stuck_in]
+    assert ended in r.stderr and "Traceback" not in r.stderr
+    assert [p.name for p in checkpoint.list_checkpoints(ck)] == ["gen-000000050.h5"]
+    assert checkpoint.verify_file(ck / "gen-000000050.h5").problem is None
 
 
 def test_resume_with_a_changed_pop_size_exits_2_naming_both_values(tmp_path):

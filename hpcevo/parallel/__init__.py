@@ -4,6 +4,7 @@ and host evaluation (tasks over ranks and threads, gathered by index)."""
 from .binding import Binding, Probe, Request, cpu_list, decide
 from .context import ParallelContext, bind, context_for, discover, mpi_library
 from .control import (
+    abort_if_stuck,
     agree_max,
     agree_on_error,
     allgather_obj,
@@ -21,6 +22,7 @@ __all__ = [
     "ParallelContext",
     "Probe",
     "Request",
+    "abort_if_stuck",
     "agree_max",
     "agree_on_error",
     "allgather_obj",

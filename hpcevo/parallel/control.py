@@ -5,6 +5,11 @@ Each function is collective: every rank must call it, in the same order.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,14 +18,35 @@ from ..errors import DivergenceError
 from .context import ParallelContext
 
 
-def agree_on_error(ctx: ParallelContext, error: BaseException | None) -> BaseException | None:
+def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
+                   stranded_after: float | None = None) -> BaseException | None:
     """Share each rank's outcome of a step; return the first rank's error, on every rank.
 
     Used after work that could fail on some ranks only (a file missing on one node), so that
     every rank takes the same exit instead of some entering a collective the others never reach.
+
+    ``stranded_after`` is for steps that call into another library's own collectives, which a
+    rank may leave early on an error while the others wait inside for it forever: HDF5 1.10's
+    parallel metadata flush is one (a rank whose share of the writes fails on a full disk skips
+    the flush's closing barrier). Every rank then first enters a non-blocking barrier; a rank
+    with an error waits for the others at most this many seconds, and if they do not all
+    arrive it returns its own error with ``error.stranded = True`` without talking to them
+    again. Nobody else can end the job then: the caller must report the error and call
+    ``ctx.abort``. Ranks without an error wait without limit (the abort ends them).
     """
     if ctx.size == 1:
         return error
+    if stranded_after is not None:
+        arrived = ctx.comm_ctl.Ibarrier()
+        if error is None:
+            arrived.Wait()
+        else:
+            deadline = time.monotonic() + stranded_after
+            while not arrived.Test():
+                if time.monotonic() > deadline:
+                    error.stranded = True
+                    return error
+                time.sleep(0.005)
     report = None if error is None else (type(error).__name__, str(error))
     reports = ctx.comm_ctl.allgather(report)
     for r, rep in enumerate(reports):
@@ -88,3 +114,33 @@ def bcast_from_root(ctx: ParallelContext, obj: Any) -> Any:
 def barrier(ctx: ParallelContext) -> None:
     if ctx.size > 1:
         ctx.comm_ctl.Barrier()
+
+
+@contextlib.contextmanager
+def abort_if_stuck(ctx: ParallelContext, seconds: float, code: int, message: str) -> Iterator[None]:
+    """End the whole job if the block has not returned after ``seconds``.
+
+    For a block that enters another library's collective after an error is already known, where
+    the error can leave ranks waiting inside the library in different collectives (HDF5 1.10's
+    close of a file whose metadata cannot be written). Nothing at the Python level can reach
+    them there; a thread can, since the library waits with the GIL released. Rank 0 reports
+    ``message``; the others wait a few seconds longer, so that its report comes first, and end
+    the job silently (when rank 0 is not stuck, it has already reported through the CLI).
+    """
+    if ctx.size == 1:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds if ctx.is_root else seconds + 5.0):
+            return
+        if ctx.is_root:
+            print(f"hpcevo: error: {message}", file=sys.stderr, flush=True)
+        ctx.abort(code)
+
+    threading.Thread(target=watch, name="hpcevo-abort-if-stuck", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
