@@ -281,3 +281,25 @@ class BlockedES:
         partials = jax.vmap(lambda zb, wb: self.partial(state, zb, wb))(
             z.reshape(blocks, b, self.dim), w.reshape(blocks, b, w.shape[1]))
         return self.apply(state, self.combine(partials))
+
+
+class MirroredES(BlockedES):
+    """A BlockedES sampling mirrored (antithetic) pairs: unit i gives mean + sigma z_i and
+    mean - sigma z_i, candidates ordered [all plus; all minus], so pop_size must be even. The
+    strategy has ``pop_size`` and ``clip``; its state has ``mean`` and ``sigma`` (per coordinate)."""
+
+    copies = 2
+
+    @property
+    def units(self) -> int:
+        return self.pop_size // 2
+
+    def _check_blocked(self) -> None:
+        if self.pop_size < 2 or self.pop_size % 2:
+            raise ValueError(f"mirrored sampling needs an even pop_size >= 2, got {self.pop_size}")
+        super()._check_blocked()
+
+    def expand(self, state, z: jax.Array) -> jax.Array:
+        step = fence(state.sigma * z, z)
+        x = jnp.concatenate([state.mean + step, state.mean - step])
+        return self.clip_to_box(x) if self.clip else x

@@ -17,7 +17,7 @@ addition (e.g. evosax, estool); the defaults of 1 keep the paper's fixed values.
 
 The population is mirrored: rows i and i + pop/2 are mean + sigma eps_i and mean - sigma eps_i,
 so pop_size must be even. eps_i comes from its block's key (fold_in of the generation's key and the block)
-and the gradient is summed in fixed blocks of ``block`` pairs (``_es.BlockedES``), which is what
+and the gradient is summed in fixed blocks of ``block`` pairs (``_es.MirroredES``), which is what
 lets ``distributed = true`` run it without any rank holding the population
 (``hpcevo/parallel/es.py``), with bitwise the same result.
 """
@@ -43,13 +43,8 @@ class OpenESState(NamedTuple):
     z: jax.Array  # (pop/2, n) the asked generation's noise eps; (0, n) in distributed mode
 
 
-def _check_mirrored(pop_size: int) -> None:
-    if pop_size < 2 or pop_size % 2:
-        raise ValueError(f"mirrored sampling needs an even pop_size >= 2, got {pop_size}")
-
-
 @dataclasses.dataclass(frozen=True)
-class OpenES(_es.BlockedES, Algorithm):
+class OpenES(_es.MirroredES, Algorithm):
     """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
 
     sigma_init: float = 0.02
@@ -66,15 +61,8 @@ class OpenES(_es.BlockedES, Algorithm):
     distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
     block: int = 0  # pairs per block of the gradient's partial sums (0: automatic)
 
-    copies = 2
-
-    @property
-    def units(self) -> int:
-        return self.pop_size // 2
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_mirrored(self.pop_size)
         self._check_blocked()
         _es.check_positive(sigma_init=self.sigma_init, lr=self.lr)
         _es.check_unit("sigma_decay", self.sigma_decay, closed_low=False)
@@ -90,11 +78,6 @@ class OpenES(_es.BlockedES, Algorithm):
         w = self.width()
         return OpenESState(key, mean, self.sigma_init * w, self.lr * w, _es.adam_init(mean),
                            jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
-
-    def expand(self, state: OpenESState, z: jax.Array) -> jax.Array:
-        step = _es.fence(state.sigma * z, z)
-        x = jnp.concatenate([state.mean + step, state.mean - step])
-        return self.clip_to_box(x) if self.clip else x
 
     def weights(self, state: OpenESState, fitness: jax.Array) -> jax.Array:
         util = _es.centred_ranks(fitness, self.dtype)

@@ -21,7 +21,7 @@ ClipUp, whose step does not depend on the gradient's size; sigma's relative chan
 it. Box conventions as in ``_es.py``: ``sigma_init``, ClipUp's ``clipup_step`` and
 ``clipup_max_speed`` are fractions of the box width (ClipUp runs in box-normalised coordinates);
 pop_size must be even (mirrored pairs). Noise per block of pairs from its own key and update sums in fixed
-blocks of ``block`` pairs (``_es.BlockedES``): ``distributed = true`` runs it without any rank
+blocks of ``block`` pairs (``_es.MirroredES``): ``distributed = true`` runs it without any rank
 holding the population (``hpcevo/parallel/es.py``), with bitwise the same result.
 """
 
@@ -35,7 +35,6 @@ import jax.numpy as jnp
 
 from . import _es
 from .base import Algorithm
-from .openes import _check_mirrored
 
 
 class PGPEState(NamedTuple):
@@ -47,7 +46,7 @@ class PGPEState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class PGPE(_es.BlockedES, Algorithm):
+class PGPE(_es.MirroredES, Algorithm):
     """PGPE with symmetric sampling [S10]; ``optimizer = "clipup"`` for ClipUp on the mean [T20]."""
 
     sigma_init: float = 0.1
@@ -62,15 +61,8 @@ class PGPE(_es.BlockedES, Algorithm):
     distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
     block: int = 0  # pairs per block of the update's partial sums (0: automatic)
 
-    copies = 2
-
-    @property
-    def units(self) -> int:
-        return self.pop_size // 2
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_mirrored(self.pop_size)
         self._check_blocked()
         if self.optimizer not in ("sgd", "clipup"):
             raise ValueError(f"optimizer must be 'sgd' or 'clipup', got {self.optimizer!r}")
@@ -86,11 +78,6 @@ class PGPE(_es.BlockedES, Algorithm):
         mean = self.uniform_in_bounds(k, 1)[0]
         return PGPEState(key, mean, self.sigma_init * self.width(), jnp.zeros_like(mean),
                          jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
-
-    def expand(self, state: PGPEState, z: jax.Array) -> jax.Array:
-        eps = _es.fence(state.sigma * z, z)
-        x = jnp.concatenate([state.mean + eps, state.mean - eps])
-        return self.clip_to_box(x) if self.clip else x
 
     def weights(self, state: PGPEState, fitness: jax.Array) -> jax.Array:
         r = _es.centred_ranks(fitness, self.dtype)
