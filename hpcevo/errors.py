@@ -33,3 +33,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written; the checkpoints published before it are intact."""
 
     exit_code = 4
+    # True when the other ranks are stuck inside HDF5's own collective and cannot hear of the
+    # error (parallel.agree_on_error's stranded_after): the rank holding it must report it and
+    # end the job itself.
+    stranded = False
