@@ -73,8 +73,14 @@ fingerprint() {
 }
 FP=$(fingerprint)
 STAMP=$VENV/.hpcevo-setup
+# hpcevo is installed editable, so nothing byte-compiles its sources at install time. Do it
+# here (only stale files are rewritten): otherwise every rank of every launch compiles them
+# again where bytecode is not written (PYTHONDONTWRITEBYTECODE, a read-only checkout), or
+# hundreds of ranks race to write the same __pycache__ on a shared file system.
+precompile() { "$VENV/bin/python" -m compileall -q "$ROOT/hpcevo" >/dev/null; }
 if [ -z "${HPCEVO_REBUILD:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$FP" ] \
    && "$VENV/bin/python" -c 'import hpcevo, mpi4jax, h5py' 2>/dev/null; then
+  precompile
   say "environment up to date ($VENV)"
   exit 0
 fi
@@ -141,5 +147,6 @@ for p in problems:
     print(f"[setup] error: {p}", file=sys.stderr)
 sys.exit(1 if problems else 0)
 PY
+precompile
 echo "$FP" > "$STAMP"
 say "environment ready ($VENV)"
