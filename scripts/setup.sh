@@ -77,7 +77,10 @@ STAMP=$VENV/.hpcevo-setup
 # here (only stale files are rewritten): otherwise every rank of every launch compiles them
 # again where bytecode is not written (PYTHONDONTWRITEBYTECODE, a read-only checkout), or
 # hundreds of ranks race to write the same __pycache__ on a shared file system.
-precompile() { "$VENV/bin/python" -m compileall -q "$ROOT/hpcevo" >/dev/null; }
+precompile() {
+  "$VENV/bin/python" -m compileall -q "$ROOT/hpcevo" >/dev/null \
+    || say "note: could not write hpcevo's bytecode (a read-only checkout?); every launch compiles its sources"
+}
 if [ -z "${HPCEVO_REBUILD:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$FP" ] \
    && "$VENV/bin/python" -c 'import hpcevo, mpi4jax, h5py' 2>/dev/null; then
   precompile
