@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import traceback
 
@@ -235,11 +236,31 @@ def _jobs(ctx, args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .errors import CheckpointError, DivergenceError
-
     argv_list = sys.argv[1:] if argv is None else list(argv)
     # Job scripts are written and models run on login nodes, where MPI_Init may not work.
     ctx = None if argv_list[:1] in (["jobs"], ["model"]) else _discover()
+    code = _main(ctx, argv_list)
+    _record_exit(ctx, code)
+    return code
+
+
+def _record_exit(ctx, code: int) -> None:
+    """Write this run's exit code where a job script asked for it (HPCEVO_EXIT_FILE, rank 0):
+    MPICH's mpiexec can report 0 after forwarding a signal although the ranks exited 75, and
+    the job script would then not requeue (hpcevo/jobs/templates/launch.sh)."""
+    path = os.environ.get("HPCEVO_EXIT_FILE")
+    if not path or not (ctx is None or ctx.is_root):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(f"{code}\n")
+    except OSError:
+        pass  # the launcher's own code still stands
+
+
+def _main(ctx, argv_list: list[str]) -> int:
+    from .errors import CheckpointError, DivergenceError
+
     _Parser.root = ctx is None or ctx.is_root
     try:
         args = build_parser().parse_args(argv_list)

@@ -9,6 +9,13 @@ forward() {
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
+# MPICH's mpiexec (hydra, 4.0) sometimes exits 0 after forwarding USR1 although every rank
+# exited 75: 32 launches in 40 at one rank on a loaded machine. Rank 0 therefore also writes its
+# exit code to this file (in the working directory, which its node can see), and the code there
+# wins over a 0 from the launcher.
+HPCEVO_EXIT_FILE=$(mktemp "$PWD/.hpcevo-exit.XXXXXX" 2>/dev/null) || HPCEVO_EXIT_FILE=
+export HPCEVO_EXIT_FILE
+
 echo "hpcevo job: $(date '+%F %T') on $(hostname): ${LAUNCH[*]} $PYTHON -m hpcevo ${RUN_ARGS[*]}" >&2
 "${LAUNCH[@]}" "$PYTHON" -m hpcevo "${RUN_ARGS[@]}" &
 launcher_pid=$!
@@ -25,4 +32,15 @@ while :; do
   break
 done
 trap - USR1 TERM
+if [ -n "$HPCEVO_EXIT_FILE" ]; then
+  recorded=$(cat "$HPCEVO_EXIT_FILE" 2>/dev/null)
+  rm -f "$HPCEVO_EXIT_FILE"
+  case "$recorded" in
+    ''|*[!0-9]*|0) ;;
+    *) if [ "$rc" = 0 ]; then
+         echo "hpcevo job: the launcher exited 0, but rank 0 exited $recorded: taking $recorded" >&2
+         rc=$recorded
+       fi ;;
+  esac
+fi
 echo "hpcevo job: $(date '+%F %T') ranks exited with code $rc" >&2
