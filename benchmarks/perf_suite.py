@@ -240,9 +240,10 @@ def w_comm(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None:
             return jax.lax.fori_loop(0, R, lambda i, x: x.at[0, 0].add(ev(x, shard)[-1]), x)
         return loop
 
-    ex_here = loop_of(ShardedEvaluator(free, algo.num_ask, ctx))
+    spec = ShardedEvaluator(free, algo.num_ask, ctx)
+    ex_here = loop_of(spec)
     solo = ShardedEvaluator(free, algo.num_ask, context_for(MPI.COMM_SELF))
-    solo.shard = ShardedEvaluator(free, algo.num_ask, ctx).shard  # this rank's micro-batches
+    solo.shard = spec.shard  # this rank's micro-batches
     ex_alone = loop_of(solo)
     for f in (ex_here, ex_alone):
         jax.block_until_ready(f(cand))
@@ -264,7 +265,6 @@ def w_comm(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None:
     # Allgather in a tight loop runs in lockstep and never pays that wait).
     from hpcevo.parallel.evaluate import gather_slots
 
-    spec = ShardedEvaluator(free, algo.num_ask, ctx)
     slot_buf = jnp.zeros((spec.slots, spec.mb), jnp.float32)
     RG = 2000
 

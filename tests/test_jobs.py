@@ -291,14 +291,8 @@ def test_job_takes_rank_0s_exit_code_when_the_launcher_reports_0(tmp_path):
         "while kill -0 $child 2>/dev/null; do wait $child; done\n"
         "exit 0\n")
     (tmp_path / "bin" / "mpiexec").chmod(0o755)
-    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: started(tmp_path, 2), job)
-        job.send_signal(10)
-        out, err = job.communicate(timeout=60)
-    finally:
-        job.kill()
-    assert job.returncode == 0, err
+    returncode, err = _stop_with_usr1(script, env, tmp_path)
+    assert returncode == 0, err
     assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "USR1"], ["1", "0"], ["1", "USR1"]]
     assert "the launcher exited 0, but rank 0 exited 75" in err and "resubmitted as 124.sim" in err
     assert not list(tmp_path.glob(".hpcevo-exit.*"))  # the job cleans up after itself
@@ -307,10 +301,10 @@ def test_job_takes_rank_0s_exit_code_when_the_launcher_reports_0(tmp_path):
 def test_cli_records_its_exit_code_where_a_job_script_asks(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[algorithm]\nname = "nope"\n')
+    exit_file = tmp_path / "exit"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "SLURM_"))}
     for args, want in (([str(EXAMPLE), "--set", "run.generations=2", "--set", f"run.out={tmp_path / 'run'}", "-q"], "0"),
                        ([str(bad)], "2")):
-        exit_file = tmp_path / "exit"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "SLURM_"))}
         r = subprocess.run([sys.executable, "-m", "hpcevo", "run", *args], capture_output=True, text=True,
                            env={**env, "HPCEVO_EXIT_FILE": str(exit_file)})
         assert r.returncode == int(want), r.stderr
@@ -326,14 +320,8 @@ def test_pbs_script_forwards_the_signal_and_resubmits_itself(tmp_path):
     text = render(req("pbs", ranks_per_node=2, seeds="0-3", python=str(fake), script_path=str(script)))
     script.write_text(text)
     env = pbs_env(tmp_path, 2, PBS_ARRAY_INDEX="2", LOG_DIR=str(tmp_path))
-    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: started(tmp_path, 2), job)
-        job.send_signal(10)  # SIGUSR1, to the batch shell only
-        out, err = job.communicate(timeout=60)
-    finally:
-        job.kill()
-    assert job.returncode == 0, err
+    returncode, err = _stop_with_usr1(script, env, tmp_path)
+    assert returncode == 0, err
     assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "USR1"], ["1", "0"], ["1", "USR1"]]
     assert "ranks exited with code 75" in err and "resubmitted as 124.sim" in err
     args = (tmp_path / "qsub.args").read_text().splitlines()
@@ -347,6 +335,19 @@ def test_pbs_script_forwards_the_signal_and_resubmits_itself(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "run.seed=2" in (tmp_path / "ranks.log").read_text().splitlines()[-1]
     assert not (tmp_path / "qsub.args").exists()
+
+
+def _stop_with_usr1(script: Path, env: dict[str, str], tmp_path: Path) -> tuple[int, str]:
+    """Start the job script, wait until both stand-in ranks run, send SIGUSR1 to the batch shell
+    only (as the scheduler does); the job's exit code and stderr."""
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: started(tmp_path, 2), job)
+        job.send_signal(10)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    return job.returncode, err
 
 
 def _wait_for(ready, proc, timeout=60.0):
