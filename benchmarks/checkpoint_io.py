@@ -43,13 +43,15 @@ def worker(pop: int, dim: int, repeats: int, gens: int, where: str) -> dict:
 
     from hpcevo import checkpoint
     from hpcevo.algorithms import CSO
+    from hpcevo.checkpoint.layout import flatten_state
     from hpcevo.config import CheckpointSection
+    from hpcevo.driver.recording import History
     from hpcevo.problems import make_problem
-    from hpcevo.workflow import Workflow
+    from hpcevo.driver.engine import DeviceEngine
 
     problem = make_problem("ackley", dim)
     algo = CSO(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub)
-    wf = Workflow(algo, problem.evaluate, ctx)
+    wf = DeviceEngine(algo, problem.evaluate, ctx)
     wf.compile(0)
     state, _ = wf.start(0)
     jax.block_until_ready(state)
@@ -57,9 +59,9 @@ def worker(pop: int, dim: int, repeats: int, gens: int, where: str) -> dict:
     state, _ = wf.advance(state, gens)
     gen_s = (time.perf_counter() - t) / gens
     state = jax.device_get(state)
-    hist = {k: np.zeros(1000, np.int32 if k == "nonfinite" else np.float64) for k in checkpoint.HISTORY_FIELDS}
+    hist = {k: np.zeros(1000, np.int32 if k == "nonfinite" else np.float64) for k in History._fields}
     snap = checkpoint.Snapshot(1000, 1000 * algo.num_ask, 0, "[run]\n", state, hist, algo.num_init, algo.num_ask)
-    leaves = [a for _, a, _ in checkpoint.flatten_state(state)] + list(hist.values())
+    leaves = [a for _, a, _ in flatten_state(state)] + list(hist.values())
     nbytes = sum(a.nbytes for a in leaves)
 
     root_dir = bcast_from_root(ctx, tempfile.mkdtemp(prefix="hpcevo-ckbench-", dir=where) if ctx.is_root else None)

@@ -35,11 +35,11 @@ def worker() -> dict:
 
     from hpcevo.algorithms import CSO
     from hpcevo.problems import make_problem
-    from hpcevo.workflow import Workflow
+    from hpcevo.driver.engine import DeviceEngine
 
     problem = make_problem("ackley", DIM)
     algo = CSO(pop_size=POP, dim=DIM, lb=problem.lb, ub=problem.ub)
-    wf = Workflow(algo, problem.evaluate, ctx)
+    wf = DeviceEngine(algo, problem.evaluate, ctx)
     wf.compile(0)
     state, _ = wf.start(0)
     state, _ = wf.advance(state, 10)
@@ -53,7 +53,7 @@ def worker() -> dict:
         step.append((time.perf_counter() - t) / GENS)
 
     comm = ctx.comm_ctl
-    ev = wf._eval_step
+    ev = wf.generation.later
     n_fit = algo.num_ask
     share = -(-n_fit // ctx.size)
     send = np.zeros(share, np.float32)

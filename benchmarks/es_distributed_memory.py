@@ -58,11 +58,11 @@ def worker(distributed: bool, dim: int, pop: int, generations: int, out: str) ->
 
     from hpcevo.algorithms import OpenES
     from hpcevo.problems import make_problem
-    from hpcevo.workflow import Workflow
+    from hpcevo.driver.engine import DeviceEngine
 
     problem = make_problem("sphere", dim)
     algo = OpenES(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub, distributed=distributed)
-    wf = Workflow(algo, problem.evaluate, ctx)
+    wf = DeviceEngine(algo, problem.evaluate, ctx)
     jax.block_until_ready(jax.numpy.zeros(1))
     base = _vm_hwm_bytes()
     t = time.perf_counter()

@@ -63,9 +63,9 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     from mpi4py import MPI
 
     from hpcevo.algorithms import DE
-    from hpcevo.host_workflow import HostWorkflow
+    from hpcevo.driver.host_engine import HostEngine
     from hpcevo.problems.host import CallableProblem
-    from hpcevo.workflow import state_digest
+    from hpcevo.driver.engine import state_digest
 
     box = ((LB,) * dim, (UB,) * dim)
     algo = DE(pop_size=pop, dim=dim, lb=box[0], ub=box[1])
@@ -97,7 +97,7 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     out = {"ranks": ctx.size, "cost_model": model, "pop_size": pop, "dim": dim, "generations": gens,
            "base_ms": base_ms, "concurrency": concurrency}
     for label, base in (("slow", base_ms), ("no_sleep", 0.0)):
-        wfs = {s: HostWorkflow(algo, problem(time.sleep, base), ctx, concurrency=concurrency, schedule=s)
+        wfs = {s: HostEngine(algo, problem(time.sleep, base), ctx, concurrency=concurrency, schedule=s)
                for s in ("static", "dynamic")}
         for wf in wfs.values():
             wf.compile(0)
@@ -119,7 +119,7 @@ def worker(pop: int, dim: int, gens: int, repeats: int, base_ms: float, concurre
     # (one rank, static, one at a time: candidates come in generation and index order).
     costs: list[float] = []
 
-    wf = HostWorkflow(algo, problem(costs.append, base_ms), context_for(MPI.COMM_SELF))
+    wf = HostEngine(algo, problem(costs.append, base_ms), context_for(MPI.COMM_SELF))
     state, _ = wf.start(0)
     wf.advance(state, gens - 1)
     wf.close()

@@ -31,7 +31,7 @@ def hpcevo_fronts(name: str, seeds: list[int]) -> tuple[list[np.ndarray], float]
     import jax
 
     from hpcevo.algorithms import NSGA2
-    from hpcevo.algorithms._mo import non_dominated
+    from hpcevo.algorithms.mo import non_dominated
     from hpcevo.problems import make_problem
 
     prob = make_problem(name, DIM)

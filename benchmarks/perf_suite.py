@@ -8,7 +8,7 @@ Writes benchmarks/results/<date>-<host>.json, prints one table per part and draw
 to the JSON. Every goal is a ratio of two things measured in the same run, alternating, because
 these machines are noisy; absolute times are reported with the machine they came from.
 
-1. Framework overhead, 1 rank: hpcevo's whole generation as a run does it (`runner.execute`:
+1. Framework overhead, 1 rank: hpcevo's whole generation as a run does it (`driver.execute`:
    ask, sharded evaluation, tell, best/history tracking, logging every 100 generations), against
    the bare algorithm step (ask, the same problem function on the whole batch, tell) in a jitted
    `lax.scan`. CSO and PSO on Ackley, pop 1,024 and 16,384, dim 100. Goal: within 5%.
@@ -96,9 +96,8 @@ def w_overhead(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None
     import jax
     from jax import lax
 
-    from hpcevo.config import config_from_dict
+    import hpcevo
     from hpcevo.problems import make_problem
-    from hpcevo.runner import execute
 
     problem = make_problem("ackley", dim)
     algo = _algorithm(algo_name, pop, problem)
@@ -111,7 +110,7 @@ def w_overhead(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None
         "checkpoint": {"every": 0, "every_seconds": 0, "final": False},
         "parallel": {"compile_cache": str(tmp / "cache")},
     }
-    cfg = config_from_dict(data)
+    cfg = hpcevo.load_config(data)
 
     def bare(state, n):
         def step(s, _):
@@ -127,7 +126,7 @@ def w_overhead(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None
     jax.block_until_ready(bare_jit(s0, 100))
     ours, base = [], []
     for _ in range(reps):
-        execute(ctx, cfg, overwrite=True, quiet=True)
+        hpcevo.run(cfg, ctx=ctx, overwrite=True, quiet=True)
         recs = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines()]
         # per generation in each log interval after the first two (a run's first dispatches
         # are slower while buffers are allocated and caches fill; the bare side is warmed up too)
@@ -172,15 +171,15 @@ def w_comm(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None:
 
     from hpcevo.parallel import context_for
     from hpcevo.problems import make_problem
-    from hpcevo.workflow import Workflow
+    from hpcevo.driver.engine import DeviceEngine
 
     problem = make_problem("ackley", dim)
     algo = _algorithm(algo_name, pop, problem)
-    here = Workflow(algo, problem.evaluate, ctx)
+    here = DeviceEngine(algo, problem.evaluate, ctx)
     # What one rank computes at 2 ranks: the same program on one rank, told to evaluate only the
     # micro-batches this rank owns (the range is data), its exchange a local copy.
-    alone = Workflow(algo, problem.evaluate, context_for(MPI.COMM_SELF))
-    alone._shards = here._shards
+    alone = DeviceEngine(algo, problem.evaluate, context_for(MPI.COMM_SELF))
+    alone.generation.shards = here.generation.shards
     for wf in (here, alone):
         wf.compile(0)
     s_here, _ = here.start(0)
@@ -196,7 +195,7 @@ def w_comm(algo_name: str, pop: int, dim: int, gens: int, reps: int) -> None:
         t = time.perf_counter()
         s_alone, _ = alone.advance(s_alone, gens)
         t_alone.append((time.perf_counter() - t) / gens)
-    ev = here._eval_step
+    ev = here.generation.later
     fit_bytes = algo.num_ask * 4
     share = -(-algo.num_ask // ctx.size)
     send, recv = np.zeros(share, np.float32), np.empty(share * ctx.size, np.float32)
@@ -387,11 +386,11 @@ def w_scaling(pop: int, dim: int, work: int, gens: int, reps: int, alone: int = 
 
     from hpcevo.parallel import context_for
     from hpcevo.problems import make_problem
-    from hpcevo.workflow import Workflow, state_digest
+    from hpcevo.driver.engine import DeviceEngine, state_digest
 
     base = make_problem("sphere", dim)
     algo = _algorithm("cso", pop, base)
-    wf = Workflow(algo, costly(work), context_for(MPI.COMM_SELF) if alone else ctx)
+    wf = DeviceEngine(algo, costly(work), context_for(MPI.COMM_SELF) if alone else ctx)
     wf.compile(0)
     state, _ = wf.start(0)
     # Untimed chunks first: the first few run measurably slower here (7 back-to-back chunks at
@@ -496,7 +495,7 @@ def part_startup(quick: bool) -> dict:
 
 # -- 5. model ------------------------------------------------------------------------------------
 def part_model(results: dict, plots: Path) -> dict:
-    from hpcevo import model
+    from hpcevo.tools import model
 
     comm = results.get("comm") or {"rows": [launch(2, "comm", "cso", "1024", "100", "100", "3")]}
     r = comm["rows"][0]

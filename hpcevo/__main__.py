@@ -1,6 +1,6 @@
 import sys
 
-from . import startup
+from .driver import startup
 
 startup.mark("python")  # the interpreter is up; everything before this is Python's own start
 

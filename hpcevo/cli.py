@@ -124,28 +124,25 @@ def _load_and_bind(ctx, source):
     """Read the config that ``source()`` names (path, overrides; no path: defaults) and bind
     this rank as its [parallel] section asks. Every rank takes the same exit when that fails on
     some of them (a missing file on one node, a node with fewer GPUs)."""
-    from . import startup
-    from .config import ParallelSection, load_config
-    from .parallel import agree_on_error, bind
+    from .api import load_config
+    from .config import ParallelSection
+    from .driver import startup
+    from .parallel import collective_stage, init
 
-    cfg, error = None, None
-    try:
+    cfg = None
+    with collective_stage(ctx, catch=UsageError):
         path, overrides = source()
         cfg = load_config(path, overrides) if path else None
-        par = cfg.parallel if cfg else ParallelSection()
-        bind(ctx, par.device, par.threads_per_rank, par.share_gpus)
-        startup.mark("config")
-    except UsageError as e:
-        error = e
-    error = agree_on_error(ctx, error)
-    if error is not None:
-        raise error
+    par = cfg.parallel if cfg else ParallelSection()
+    init(par.device, par.threads_per_rank, par.share_gpus)
+    startup.mark("config")
     return cfg
 
 
 def _run(ctx, args) -> int:
+    from .api import run
+    from .driver.rundir import run_config_path
     from .errors import EXIT_STOPPED
-    from .runner import execute, run_config_path
 
     def source():
         if args.command == "resume":
@@ -154,32 +151,19 @@ def _run(ctx, args) -> int:
         return args.config, args.overrides
 
     cfg = _load_and_bind(ctx, source)
-    summary = execute(ctx, cfg, overwrite=getattr(args, "overwrite", False), resume=args.resume,
-                      quiet=args.quiet, deadline=args.deadline)
-    return EXIT_STOPPED if summary["status"] == "stopped" else 0
+    result = run(cfg, ctx=ctx, overwrite=getattr(args, "overwrite", False), resume=args.resume,
+                 quiet=args.quiet, deadline=args.deadline)
+    return EXIT_STOPPED if result.status == "stopped" else 0
 
 
 def _model(ctx, args) -> int:
-    from . import model
+    from .tools import model
 
-    if args.network not in model.NETWORKS:
-        raise UsageError(f"--network {args.network!r}: allowed: {', '.join(model.NETWORKS)}")
-    alpha, beta = model.NETWORKS[args.network]
-    label = f"({args.network})"
-    if args.alpha_us is not None or args.bandwidth_gbs is not None:
-        alpha = args.alpha_us * 1e-6 if args.alpha_us is not None else alpha
-        beta = 1 / (args.bandwidth_gbs * 1e9) if args.bandwidth_gbs is not None else beta
-        label = "(given)"
-    for name in ("pop", "eval_ms", "algo_ms", "microbatch"):
-        if getattr(args, name) < 0 or (name == "pop" and args.pop < 1):
-            raise UsageError(f"--{name.replace('_', '-')} must be {'>= 1' if name == 'pop' else '>= 0'}")
+    net, label = model.network(args.network, args.alpha_us, args.bandwidth_gbs)
+    w = model.workload(args.pop, args.eval_ms, args.algo_ms, args.microbatch, args.float64)
     if any(p < 1 for p in args.ranks):
         raise UsageError("--ranks: every rank count must be >= 1")
-    w = model.Workload(pop=args.pop, eval_s=args.eval_ms * 1e-3, algo_s=args.algo_ms * 1e-3,
-                       microbatch=args.microbatch, itemsize=8 if args.float64 else 4)
-    net = model.AlphaBeta(alpha, beta)
-    rows = model.project(w, args.ranks, net)
-    print(model.render(w, rows, net, label))
+    print(model.render(w, model.project(w, args.ranks, net), net, label))
     if args.plot:
         model.plot(w, model.project(w, sorted({*args.ranks, *(2 ** i for i in range(13))}), net), args.plot)
         print(f"wrote {args.plot}")
@@ -187,7 +171,7 @@ def _model(ctx, args) -> int:
 
 
 def _inspect(ctx, args) -> int:
-    from .inspection import inspect
+    from .tools.inspection import inspect
 
     if ctx.is_root:  # one process reads; under a launcher the other ranks just wait
         text, damaged = inspect(args.path)
@@ -197,7 +181,7 @@ def _inspect(ctx, args) -> int:
 
 
 def _plot(ctx, args) -> int:
-    from .inspection import plot_run
+    from .tools.inspection import plot_run
 
     if ctx.is_root:
         print(f"wrote {plot_run(args.run_dir, args.output)}")
@@ -205,7 +189,7 @@ def _plot(ctx, args) -> int:
 
 
 def _info(ctx, args) -> int:
-    from .info import describe, render
+    from .parallel.info import describe, render
 
     _load_and_bind(ctx, lambda: (args.config, args.overrides))
     text = render(describe(ctx))
@@ -217,9 +201,9 @@ def _info(ctx, args) -> int:
 def _jobs(ctx, args) -> int:
     from pathlib import Path
 
-    from .jobs import render, request_from_args, submit
+    from .jobs import render, submit
 
-    req = request_from_args(args, args.argv)
+    req = _job_request(args)
     if args.verb == "render":
         if args.out:
             req = dataclasses.replace(req, script_path=args.out)
@@ -233,6 +217,20 @@ def _jobs(ctx, args) -> int:
     script = Path(args.out or f"{req.job_name or Path(req.config).stem}{suffix}")
     print(submit(req, script))
     return 0
+
+
+def _job_request(args):
+    """The JobRequest of parsed `hpcevo jobs render|submit` arguments."""
+    import shlex
+
+    from .jobs import JobRequest
+
+    fields = {f.name for f in dataclasses.fields(JobRequest)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    given["overrides"] = tuple(args.overrides)
+    given["prologue"] = tuple(args.prologue)
+    given["command"] = " ".join(shlex.quote(c) for c in ["hpcevo", *args.argv])
+    return JobRequest(**given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +290,7 @@ def _main(ctx, argv_list: list[str]) -> int:
 
 
 def _discover():
-    from . import startup
+    from .driver import startup
     from .parallel import discover
 
     ctx = discover()

@@ -1,23 +1,28 @@
-"""Run configuration: TOML in, a typed and validated ``RunConfig`` out.
+"""Run configuration: TOML in, a typed ``RunConfig`` out. The schema, overrides and messages.
 
 Every problem with the input becomes one ``ConfigError`` whose text names the file, the key,
 what was given and what is allowed. Identical inputs give identical errors on every rank, which
 is what lets the CLI report once and exit 2 everywhere.
+
+This module checks what the schema says (sections, keys, types, ranges) and builds nothing:
+whether the named algorithm and problem exist and accept the values is checked where they are
+built (``hpcevo.driver.build``); ``hpcevo.load_config`` does both.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
 import difflib
 import math
+import re
 import tomllib
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 
 class _Section(BaseModel):
@@ -42,7 +47,8 @@ class AlgorithmSection(_Section):
 
 
 class ProblemSection(_Section):
-    name: str
+    # Required unless a problem object is handed to hpcevo.run (checked where it is built).
+    name: str | None = None
     # Required by the classic and CEC functions; neuro derives it from the network, and a user's
     # problem may carry its own (see hpcevo/problems).
     dim: int | None = Field(None, ge=1)
@@ -131,20 +137,25 @@ class CheckpointSection(_Section):
     @classmethod
     def _deadline_readable(cls, v):
         if v is not None:
-            from .stopping import parse_deadline
-
             parse_deadline(v, 0.0)
         return v
 
 
 class RunConfig(_Section):
     run: RunSection
-    algorithm: AlgorithmSection
-    problem: ProblemSection
+    # Required unless an algorithm object is handed to hpcevo.run (checked where it is built).
+    algorithm: AlgorithmSection | None = None
+    problem: ProblemSection = ProblemSection()
     log: LogSection = LogSection()
     parallel: ParallelSection = ParallelSection()
     checkpoint: CheckpointSection = CheckpointSection()
     evaluation: EvaluationSection = EvaluationSection()
+    # Where it came from ("examples/cso.toml (with --set ...)"): the prefix of every message.
+    _source: str = PrivateAttr(default="config")
+
+    @property
+    def source(self) -> str:
+        return self._source
 
     @property
     def out_dir(self) -> Path:
@@ -157,28 +168,16 @@ class RunConfig(_Section):
     @property
     def is_host(self) -> bool:
         """Whether the problem is evaluated on the host (NumPy function, external command)."""
-        from .problems import is_host
-
-        return is_host(self.problem.name, self.problem.host)
+        return self.problem.name == "command" or bool(self.problem.host)
 
     @property
     def algorithm_params(self) -> dict[str, Any]:
-        return dict(self.algorithm.model_extra or {})
+        """The [algorithm] keys beyond name and pop_size: the algorithm's own hyper-parameters."""
+        return dict(self.algorithm.model_extra or {}) if self.algorithm is not None else {}
 
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved config: every default filled in, algorithm defaults included."""
-        from .algorithms import ALGORITHMS
-
-        d = self.model_dump(exclude_none=True)
-        if not d["problem"].get("args"):
-            d["problem"].pop("args", None)  # most problems take none
-        if not self.is_host:
-            for key in HOST_EVALUATION_KEYS:
-                d["evaluation"].pop(key)
-        algo_cls = ALGORITHMS[self.algorithm.name]
-        for name, f in algo_cls.hyper_parameters().items():
-            d["algorithm"].setdefault(name, f.default)
-        return d
+    def with_source(self, source: str) -> "RunConfig":
+        self._source = source
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,18 +206,14 @@ def _apply_override(data: dict, keys: list[str], value: Any, text: str) -> None:
     node[keys[-1]] = value
 
 
-def _nearest(word: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
-def _format_validation(err: ValidationError, model: type[BaseModel], where: str, data: dict) -> str:
-    lines = []
+def _format_validation(err: ValidationError, model: type[BaseModel], where: str, data: dict) -> ConfigError:
+    lines, keys = [], []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
         # Union members show up as extra loc parts ("float", "list[float]"); they are noise.
         loc = [p for p in loc if p not in ("float", "list[float]", "int", "str", "none", "nullable[float]")]
         key = ".".join(loc)
+        keys.append(key)
         if e["type"] == "extra_forbidden":
             parent: Any = model
             for part in loc[:-1]:
@@ -226,7 +221,7 @@ def _format_validation(err: ValidationError, model: type[BaseModel], where: str,
                 parent = fld.annotation if fld is not None else None
             valid = list(parent.model_fields) if parent is not None and hasattr(parent, "model_fields") else []
             what = "section" if len(loc) == 1 else "key"
-            lines.append(f"unknown {what} '{key}'{_nearest(loc[-1], valid)} (valid: {', '.join(valid)})")
+            lines.append(f"unknown {what} '{key}'{did_you_mean(loc[-1], valid, 0.5)} (valid: {', '.join(valid)})")
         elif e["type"] == "missing":
             parent_data: Any = data
             for part in loc[:-1]:
@@ -242,125 +237,13 @@ def _format_validation(err: ValidationError, model: type[BaseModel], where: str,
             lines.append(f"'{key}': {e['ctx']['error']}")
         else:
             lines.append(f"'{key}': {e['msg'].lower()}; got {e['input']!r}")
-    return f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+    text = f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+    return ConfigError(text, keys[0] if len(set(keys)) == 1 else "")
 
 
-def _check_algorithm(cfg: RunConfig, where: str) -> None:
-    from .algorithms import ALGORITHMS
-
-    name = cfg.algorithm.name
-    if name not in ALGORITHMS:
-        raise ConfigError(
-            f"{where}: 'algorithm.name': unknown algorithm {name!r}{_nearest(name, ALGORITHMS)} "
-            f"(available: {', '.join(sorted(ALGORITHMS))})"
-        )
-    cls = ALGORITHMS[name]
-    fields = cls.hyper_parameters()
-    for key, value in cfg.algorithm_params.items():
-        if key not in fields:
-            valid = ["name", "pop_size", *fields]
-            raise ConfigError(
-                f"{where}: unknown key 'algorithm.{key}' for {name}{_nearest(key, valid)} "
-                f"(valid: {', '.join(valid)})"
-            )
-        try:
-            TypeAdapter(_field_type(cls, fields[key]), config=ConfigDict(strict=True)).validate_python(value)
-        except ValidationError as e:
-            raise ConfigError(
-                f"{where}: 'algorithm.{key}': {e.errors()[0]['msg'].lower()}; got {value!r}"
-            ) from None
-
-
-def _field_type(cls: type, f: dataclasses.Field) -> Any:
-    return typing.get_type_hints(cls)[f.name]
-
-
-def build_algorithm(cfg: RunConfig, problem, where: str = "config"):
-    """The algorithm instance the config describes, with its own checks turned into ConfigError."""
-    from .algorithms import ALGORITHMS, MultiObjectiveAlgorithm
-
-    cls = ALGORITHMS[cfg.algorithm.name]
-    objectives = getattr(problem, "num_objectives", 1)
-    if cls.multi_objective != (objectives > 1):
-        fits = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.multi_objective == (objectives > 1))
-        if objectives > 1:
-            raise ConfigError(
-                f"{where}: problem '{cfg.problem.name}' has {objectives} objectives, but algorithm "
-                f"'{cfg.algorithm.name}' optimises one; multi-objective algorithms: {fits}"
-            )
-        raise ConfigError(
-            f"{where}: algorithm '{cfg.algorithm.name}' is multi-objective, but problem "
-            f"'{cfg.problem.name}' has 1 objective; single-objective algorithms: {fits}"
-        )
-    extra = {"num_objectives": objectives} if cls.multi_objective else {}
-    if cfg.is_host and (objectives > 1 or cfg.algorithm_params.get("distributed")):
-        raise ConfigError(f"{where}: [problem] {cfg.problem.name}: host problems run single-objective and "
-                          "with the replicated population for now (no multi-objective algorithm, no "
-                          "algorithm.distributed)")
-    if cfg.algorithm_params.get("distributed"):
-        for key, value in (("parallel.microbatch", cfg.parallel.microbatch),
-                           ("evaluation.batch_size", cfg.evaluation.batch_size)):
-            if value:
-                raise ConfigError(f"{where}: '{key}' does not apply with algorithm.distributed = true: set "
-                                  "algorithm.block (rows per block of the distributed step, which bounds "
-                                  "memory the same way) instead")
-    try:
-        return cls(
-            pop_size=cfg.algorithm.pop_size,
-            dim=problem.dim,
-            lb=problem.lb,
-            ub=problem.ub,
-            dtype=cfg.run.dtype,
-            **extra,
-            **cfg.algorithm_params,
-        )
-    except ValueError as e:
-        raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}") from None
-
-
-def build_problem(cfg: RunConfig, where: str = "config"):
-    """The problem instance; for problems by import path this imports and traces user code, so
-    call it after ``parallel.bind`` (see ``problems.is_deferred``)."""
-    from .problems import create
-
-    p = cfg.problem
-    try:
-        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host, p.objectives)
-    except ValueError as e:
-        raise ConfigError(f"{where}: [problem]: {e}") from None
-    if p.ref_point is not None:
-        m = getattr(problem, "num_objectives", 1)
-        if m == 1:
-            raise ConfigError(f"{where}: 'problem.ref_point': {p.name} is single-objective; a hypervolume "
-                              "reference point applies to multi-objective problems")
-        if len(p.ref_point) != m or not all(math.isfinite(v) for v in p.ref_point):
-            raise ConfigError(f"{where}: 'problem.ref_point': need {m} finite numbers (one per objective), "
-                              f"got {p.ref_point}")
-        if m > 3:
-            raise ConfigError(f"{where}: 'problem.ref_point': exact hypervolume is computed for 2 and 3 "
-                              f"objectives; {p.name} has {m} (IGD is still logged)")
-    return problem
-
-
-def build_recorder(cfg: RunConfig, problem):
-    """What the run records: best-so-far for one objective; front, hypervolume (m <= 3) and IGD
-    for several."""
-    from .recording import MultiObjective, SingleObjective
-
-    m = getattr(problem, "num_objectives", 1)
-    if m == 1:
-        return SingleObjective()
-    # A user's multi-objective problem may know neither: then HV needs problem.ref_point, and
-    # no IGD is logged.
-    ref = cfg.problem.ref_point
-    if ref is None and m <= 3 and hasattr(problem, "default_ref_point"):
-        ref = problem.default_ref_point()
-    front = problem.pareto_front() if hasattr(problem, "pareto_front") else None
-    return MultiObjective(m, ref, front)
-
-
-def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:
-    """Read, override, validate. Raises ConfigError with a message fit for the user."""
+def read_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """Read a TOML file, apply ``--set`` overrides, check the schema. Raises ConfigError with a
+    message fit for the user."""
     path = Path(path)
     where = str(path)
     try:
@@ -377,6 +260,9 @@ def load_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunCo
 
 
 def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequence[str] = ()) -> RunConfig:
+    """The schema's view of ``data`` (a TOML document as a dict) after ``overrides``; builds
+    nothing (see the module docstring)."""
+    data = _copy(data)
     if overrides:
         where = f"{where} (with --set {' '.join(overrides)})"
     for text in overrides:
@@ -385,51 +271,50 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_validation(e, RunConfig, where, data)) from None
-    _check_algorithm(cfg, where)
-    if not cfg.is_host:
-        for key, default in HOST_EVALUATION_KEYS.items():
-            if getattr(cfg.evaluation, key) != default:
-                raise ConfigError(
-                    f"{where}: 'evaluation.{key}' applies to host problems only (a NumPy function "
-                    f"with problem.host = true, or name = \"command\"); '{cfg.problem.name}' is "
-                    "evaluated inside JAX"
-                )
-    from .problems import is_deferred
-
-    if not is_deferred(cfg.problem.name):  # the others are checked when the run builds them
-        build_algorithm(cfg, build_problem(cfg, where), where)  # runs the instances' own checks
-    return cfg
+        raise _format_validation(e, RunConfig, where, data) from None
+    return cfg.with_source(where)
 
 
-# What a resumed run may not change: anything that changes the computation itself. The rest
-# (run.generations, names and paths, logging, checkpoint settings, device and threads) may change.
-RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch", "evaluation.penalty")
+def _copy(data: Any) -> Any:
+    """A deep copy of nested dicts and lists: overrides must not change the caller's dict."""
+    if isinstance(data, dict):
+        return {k: _copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_copy(v) for v in data]
+    return data
 
 
-def resume_conflicts(stored_text: str, cfg: RunConfig) -> list[str]:
-    """Differences between a checkpoint's resolved config and ``cfg`` that forbid resuming it,
-    one line each, naming the key and both values."""
+# -- time values: checkpoint.deadline and the CLI's --deadline ---------------------------------
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_deadline(value: str | int | float, now: float) -> float:
+    """A deadline as an epoch time. Accepts seconds from now (``5400``), a duration (``90m``,
+    ``1.5h``, ``01:30:00``, ``1-06:00:00`` as Slurm writes days), or an absolute local time in ISO
+    form (``2026-11-23T18:00``, with or without a UTC offset). Raises ValueError saying what is
+    allowed."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration or a time, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"must be positive, got {value}")
+        return now + float(value)
+    text = str(value).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
+    if m:
+        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+        if seconds <= 0:
+            raise ValueError(f"must be positive, got {text!r}")
+        return now + seconds
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?", text)
+    if m:
+        days, a, b, c = (int(g) if g else 0 for g in m.groups())
+        seconds = days * 86400 + (a * 3600 + b * 60 + c if m.group(4) else a * 60 + b)
+        return now + seconds
     try:
-        old = tomllib.loads(stored_text)
-    except tomllib.TOMLDecodeError as e:
-        return [f"the checkpoint's config cannot be read ({e})"]
-    new = cfg.to_dict()
-    missing = object()
-    out = []
-    for locked in RESUME_LOCKED:
-        section, _, key = locked.partition(".")
-        a, b = old.get(section, {}), new.get(section, {})
-        keys = [key] if key else sorted(set(a) | set(b))
-        for k in keys:
-            va, vb = a.get(k, missing), b.get(k, missing)
-            if va != vb:
-                show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
-                out.append(f"{section}.{k}: checkpoint has {show(va)}, this run has {show(vb)}")
-    return out
-
-
-def dump_config(cfg: RunConfig) -> str:
-    import tomli_w
-
-    return tomli_w.dumps(cfg.to_dict())
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"cannot read {text!r}; allowed: seconds (5400), a duration (90m, 1.5h, "
+            "01:30:00, 1-06:00:00) or a local time (2026-11-23T18:00)") from None
+    return t.timestamp()

@@ -9,7 +9,11 @@
         (75 is EX_TEMPFAIL of sysexits.h: "temporary failure, the user is invited to retry")
 """
 
-EXIT_OK = 0
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
 EXIT_STOPPED = 75
 
 
@@ -20,7 +24,12 @@ class UsageError(Exception):
 
 
 class ConfigError(UsageError):
-    """A problem in the run configuration."""
+    """A problem in the run configuration. ``key`` is the config key it is about ("run.seed",
+    "algorithm.phi"; "" when the message names several or none)."""
+
+    def __init__(self, message: str, key: str = ""):
+        super().__init__(message)
+        self.key = key
 
 
 class DivergenceError(RuntimeError):
@@ -37,3 +46,10 @@ class CheckpointError(RuntimeError):
     # error (parallel.agree_on_error's stranded_after): the rank holding it must report it and
     # end the job itself.
     stranded = False
+
+
+def did_you_mean(word: object, choices: Iterable[str], cutoff: float = 0.6) -> str:
+    """"; did you mean 'x'?" for the choice closest to ``word``, or "" when none is close enough
+    (``cutoff``: difflib's similarity ratio, 0..1)."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
+    return f"; did you mean '{close[0]}'?" if close else ""

@@ -4,16 +4,24 @@ Every test here passes at any rank count. Run the suite as
     mpiexec -n N python -m mpi4py -m pytest -m "not launcher"
 (`-m mpi4py` turns an error exit on one rank into MPI_Abort of the job: no hang), and the tests
 that start their own mpiexec jobs without a launcher: python -m pytest -m launcher.
-CTest does both (see CMakeLists.txt). Tests marked `single_process` (pure JAX, no MPI) run in
-the one-rank pass only: at more ranks every rank would repeat the same work.
+CTest does both (see CMakeLists.txt). Markers:
+
+* ``single_process``: pure computation that never touches MPI; runs in the one-rank pass only
+  (at more ranks every rank would repeat the same work).
+* ``slow``: longer runs (whole runs, convergence, oracles); the quick tier
+  (``scripts/test.sh -L quick``) leaves them out.
+* ``launcher``, ``slurm``: start their own jobs (see CMakeLists.txt).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -21,6 +29,7 @@ from hpcevo.parallel import bind, discover
 
 # Bind before any test touches JAX: one XLA thread per rank, as runs do by default.
 CTX = bind(discover(), device="cpu", threads=1)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
@@ -29,6 +38,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
     )
+    config.addinivalue_line("markers", "slow: a longer test, left out of the quick tier")
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -79,3 +89,134 @@ def my_turn(ctx, request):
     job (chosen from the test's id, so such tests spread over the ranks). Every pass still runs
     the check once, and a pass at N ranks costs what one rank costs instead of N times that."""
     return ctx.rank == zlib.crc32(request.node.nodeid.encode()) % ctx.size
+
+
+# -- one-rank references, shared by the passes of one suite run ---------------------------------
+def _tree_digest() -> str:
+    """What a one-rank result can depend on: hpcevo's and the tests' sources, the examples, and
+    the versions of the stack they run on."""
+    import jax
+    import mpi4jax
+
+    h = hashlib.sha256(f"{jax.__version__} {mpi4jax.__version__}".encode())
+    for folder in ("hpcevo", "tests", "examples"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".toml", ".sh", ".json"):
+                h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:32]
+
+
+class References:
+    """One-rank results for tests that compare an N-rank run with the same run on one rank.
+
+    ``get(request, key, compute)`` returns ``compute()`` run by rank 0 alone (on
+    ``MPI.COMM_SELF``), broadcast to every rank. In a suite run under CTest
+    (``HPCEVO_TEST_REFERENCES`` names a directory) the result is also kept there under the
+    digest of the sources it came from, so the 2-, 3- and 4-rank passes compare with the result
+    the 1-rank pass computed instead of computing it again; a change to any source file starts
+    a new store. ``compute`` must return JSON data; what ``get`` returns has been through JSON
+    (tuples come back as lists), whether it was stored or not.
+    """
+
+    def __init__(self, ctx, directory: str | None):
+        self.ctx = ctx
+        self.path = Path(directory) / f"{_tree_digest()}.json" if directory and ctx.rank == 0 else None
+
+    def _load(self) -> dict[str, Any]:
+        if self.path is None or not self.path.is_file():
+            return {}
+        try:
+            return json.loads(self.path.read_text())
+        except ValueError:
+            return {}  # a store torn by a killed pass: start again
+
+    def get(self, request, key: str, compute: Callable[[], Any]) -> Any:
+        name = f"{request.node.nodeid}::{key}"
+        value, error = None, None
+        if self.ctx.rank == 0:
+            stored = self._load()
+            try:
+                value = stored[name] if name in stored else json.loads(json.dumps(compute()))
+            except Exception as e:  # noqa: BLE001 - every rank must hear of it
+                error = e
+            if error is None and name not in stored and self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({**self._load(), name: value}))
+                os.replace(tmp, self.path)
+        _idle_until_all_arrive(self.ctx.comm_ctl)
+        value, failed = self.ctx.comm_ctl.bcast((value, error is not None), root=0)
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"rank 0 failed to compute the one-rank reference {name}")
+        return value
+
+
+def _idle_until_all_arrive(comm) -> None:
+    # MPICH's blocking collectives spin; sleeping on a non-blocking barrier leaves the cores to
+    # the rank that is working (2 cores, up to 4 ranks in CTest).
+    import time
+
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def references(ctx):
+    return References(ctx, os.environ.get("HPCEVO_TEST_REFERENCES"))
+
+
+@pytest.fixture
+def alone(ctx):
+    """A one-rank context (COMM_SELF), made once per process: runs on it compile the same
+    programs again only when their inputs differ."""
+    return _alone()
+
+
+_ALONE: list = []
+
+
+def _alone():
+    from mpi4py import MPI
+
+    from hpcevo.parallel import context_for
+
+    if not _ALONE:
+        _ALONE.append(context_for(MPI.COMM_SELF))
+    return _ALONE[0]
+
+
+# -- compiling once where ranks hold the same program --------------------------------------------
+def _stagger_compilation() -> None:
+    """At 3 or more ranks on this 2-core machine, every rank compiling the same programs at once
+    is most of a pass. Ranks 1..N-1 hold bitwise the same programs (MPICH numbers the
+    communicators mpi4jax compiles in alike on every rank but a node's first), so ranks 2.. wait
+    until rank 1 has compiled and take its programs from the persistent compilation cache: what
+    any later launch does. Only ``Loop.compile`` is staggered: it does no communication. Where
+    the programs differ after all, the later ranks just compile later."""
+    from mpi4py import MPI
+
+    from hpcevo.driver.loop import Loop
+
+    comm = CTX.comm_ctl
+    followers = comm.Split(0 if comm.rank >= 1 else MPI.UNDEFINED, comm.rank)
+    plain = Loop.compile
+
+    def compile_after_rank_1(self, *args, **kwargs):
+        if self.ctx is not CTX:  # a one-rank context, or another job's
+            return plain(self, *args, **kwargs)
+        if comm.rank >= 2:
+            _idle_until_all_arrive(followers)
+            return plain(self, *args, **kwargs)
+        out = plain(self, *args, **kwargs)
+        if comm.rank == 1:
+            _idle_until_all_arrive(followers)
+        return out
+
+    Loop.compile = compile_after_rank_1
+
+
+if CTX.size >= 3 and os.environ.get("HPCEVO_TEST_STAGGER", "1") != "0":
+    _stagger_compilation()

@@ -9,9 +9,10 @@ import pytest
 
 from hpcevo.algorithms import CSO, PSO
 from hpcevo.problems import make_problem
-from hpcevo.workflow import Workflow
+import hpcevo
 
 
+@pytest.mark.single_process
 def test_cso_moves_only_losers_and_winners_pass_unchanged():
     algo = CSO(pop_size=9, dim=3, lb=(-5.0,) * 3, ub=(5.0,) * 3)
     s = algo.init(jax.random.PRNGKey(0))
@@ -31,6 +32,7 @@ def test_cso_moves_only_losers_and_winners_pass_unchanged():
     np.testing.assert_array_equal(np.asarray(s3.fitness)[losers], fit)
 
 
+@pytest.mark.single_process
 def test_cso_loser_update_follows_the_paper():
     """phi=0, zero velocity: the loser lands on x_l + r2 * (x_w - x_l), between it and the winner."""
     algo = CSO(pop_size=2, dim=4, lb=(-10.0,) * 4, ub=(10.0,) * 4, phi=0.0)
@@ -44,6 +46,7 @@ def test_cso_loser_update_follows_the_paper():
     np.testing.assert_array_equal(np.asarray(s2.position[0]), np.asarray(x0[0]))
 
 
+@pytest.mark.single_process
 def test_pso_personal_and_global_bests_never_worsen():
     algo = PSO(pop_size=16, dim=5, lb=(-5.0,) * 5, ub=(5.0,) * 5)
     s = algo.init(jax.random.PRNGKey(1))
@@ -57,6 +60,7 @@ def test_pso_personal_and_global_bests_never_worsen():
         prev_p, prev_g = p, g
 
 
+@pytest.mark.single_process
 def test_bad_hyperparameters_refused():
     with pytest.raises(ValueError, match="phi"):
         CSO(pop_size=4, dim=1, lb=(0.0,), ub=(1.0,), phi=-0.5)
@@ -72,13 +76,12 @@ def test_bad_hyperparameters_refused():
     (PSO, "sphere", 10, 40, 300, 1e-6),
     (PSO, "ackley", 10, 40, 400, 1e-1),
 ])
+@pytest.mark.slow
 def test_converges_under_the_distributed_workflow(ctx, cls, prob, dim, pop, gens, target):
     problem = make_problem(prob, dim)
     algo = cls(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub)
-    wf = Workflow(algo, problem.evaluate, ctx)
-    first = best = None
-    for b in wf.run(0, gens, 100):
-        first = first if first is not None else float(b.state.best_f)
-        best = float(b.state.best_f)
+    loop = hpcevo.Loop(algo, problem, ctx).compile(0).init(0)
+    first = loop.best_fitness
+    best = loop.advance(gens - 1).best_fitness
     assert best < target, f"{cls.__name__} on {prob}: best {best:.3e} after {gens} generations"
     assert best < first

@@ -7,16 +7,13 @@ unevenly over the ranks.
 
 from __future__ import annotations
 
-import time
-
 import jax
 import pytest
 from mpi4py import MPI
 
+import hpcevo
 from hpcevo.algorithms import ALGORITHMS
-from hpcevo.config import config_from_dict
 from hpcevo.parallel import context_for
-from hpcevo.runner import execute
 
 # (algorithm name, pop_size, extra hyper-parameters, problem, dim)
 CASES = [
@@ -45,14 +42,19 @@ CASES = [
     ("moead", 10, {"neighbours": 4}, "dtlz2", 5),
 ]
 IDS = [f"{c[0]}-pop{c[1]}" + ("-" + "-".join(f"{k}={v}" for k, v in c[2].items()) if c[2] else "") for c in CASES]
+# The quick tier (scripts/test.sh -L quick) keeps one of each kind: a swarm, the distributed ES
+# mode, a multi-objective run.
+QUICK = {"cso-pop7", "openes-pop10-distributed=True-block=2", "nsga2-pop9"}
+PARAMS = [pytest.param(c, id=i, marks=() if i in QUICK else pytest.mark.slow) for c, i in zip(CASES, IDS)]
 
 
+@pytest.mark.single_process
 def test_every_registered_algorithm_is_covered():
-    assert {c[0] for c in CASES} == set(ALGORITHMS)
+    assert {c[0] for c in CASES} == set(ALGORITHMS) and QUICK <= set(IDS)
 
 
 def _config(name, pop, extra, problem, dim, out, generations=12, dtype="float32"):
-    return config_from_dict({
+    return hpcevo.load_config({
         "run": {"name": "digest", "seed": 11, "generations": generations, "out": str(out), "dtype": dtype},
         "algorithm": {"name": name, "pop_size": pop, **extra},
         "problem": {"name": problem, "dim": dim},
@@ -60,35 +62,31 @@ def _config(name, pop, extra, problem, dim, out, generations=12, dtype="float32"
     })
 
 
-def _idle_until_all_arrive(comm):
-    # MPICH's blocking collectives spin; sleeping on a non-blocking barrier leaves the cores to
-    # the rank that is working (2 cores, up to 4 ranks in CTest).
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.01)
+# What the comparison needs of a summary (the rest holds timings).
+OUTCOME = ("ranks", "state_digest", "best_fitness", "best_solution", "front_f", "front_x", "hypervolume", "igd")
 
 
-def _digest_here_and_alone(ctx, shared_tmp, case, **kw):
-    """The summary on this job's ranks, and rank 0's summary of the same run on one rank.
-
-    At one rank the job's run is the one-rank run. Otherwise rank 0 alone repeats the run on
-    MPI.COMM_SELF (every rank doing so would only repeat the same work) and shares the result.
-    """
+def _digest_here_and_alone(ctx, references, request, shared_tmp, case, **kw):
+    """The summary on this job's ranks, and the summary of the same run on one rank: rank 0
+    alone on MPI.COMM_SELF (every rank doing so would only repeat the same work), or in a suite
+    run the one the 1-rank pass made (conftest.References). At one rank the job's run is it."""
     name, pop, extra, problem, dim = case
-    here = execute(ctx, _config(name, pop, extra, problem, dim, shared_tmp / "here", **kw), quiet=True)
-    if ctx.size == 1:
-        return here, here
-    alone = None
-    if ctx.rank == 0:
+    here = hpcevo.run(_config(name, pop, extra, problem, dim, shared_tmp / "here", **kw), quiet=True, ctx=ctx).summary
+    here = {k: here[k] for k in OUTCOME if k in here}
+
+    def one_rank():
+        if ctx.size == 1:
+            return here
         cfg = _config(name, pop, extra, problem, dim, shared_tmp / "alone", **kw)
-        alone = execute(context_for(MPI.COMM_SELF), cfg, quiet=True)
-    _idle_until_all_arrive(ctx.comm_ctl)
-    return here, ctx.comm_ctl.bcast(alone, root=0)
+        alone = hpcevo.run(cfg, quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
+        return {k: alone[k] for k in OUTCOME if k in alone}
+
+    return here, references.get(request, "summary", one_rank)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_same_digest_on_all_ranks_as_on_one(ctx, shared_tmp, case):
-    here, alone = _digest_here_and_alone(ctx, shared_tmp, case)
+@pytest.mark.parametrize("case", PARAMS)
+def test_same_digest_on_all_ranks_as_on_one(ctx, references, request, shared_tmp, case):
+    here, alone = _digest_here_and_alone(ctx, references, request, shared_tmp, case)
     assert here["ranks"] == ctx.size and alone["ranks"] == 1
     assert here["state_digest"] == alone["state_digest"]
     keys = ("best_fitness", "best_solution") if "best_fitness" in here else ("front_f", "front_x", "hypervolume", "igd")
@@ -97,9 +95,11 @@ def test_same_digest_on_all_ranks_as_on_one(ctx, shared_tmp, case):
     assert ctx.comm_ctl.allgather(here["state_digest"]) == [here["state_digest"]] * ctx.size
 
 
-def test_cmaes_float64_same_digest_on_all_ranks_as_on_one(ctx, shared_tmp):
+@pytest.mark.slow
+def test_cmaes_float64_same_digest_on_all_ranks_as_on_one(ctx, references, request, shared_tmp):
     try:
-        here, alone = _digest_here_and_alone(ctx, shared_tmp, ("cmaes", 9, {}, "ellipsoid", 6), dtype="float64")
+        here, alone = _digest_here_and_alone(ctx, references, request, shared_tmp, ("cmaes", 9, {}, "ellipsoid", 6),
+                                             dtype="float64")
     finally:
         jax.config.update("jax_enable_x64", False)  # execute() switched it on for float64
     assert here["state_digest"] == alone["state_digest"]

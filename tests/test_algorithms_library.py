@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hpcevo
 from hpcevo.algorithms import ALGORITHMS, CMAES, DE, GA, JADE, SLPSO, XNES, OpenES, SepCMAES
 from hpcevo.algorithms import _es
 from hpcevo.algorithms.de import binomial_crossover, distinct_indices
@@ -25,7 +26,10 @@ pytestmark = pytest.mark.single_process
 
 def run_loop(algo, problem, generations, key=0):
     """Best fitness after ``generations`` (ask, evaluate, tell in one jitted scan)."""
+    return _compiled_loop(algo, problem, generations)(jax.random.PRNGKey(key))
 
+
+def _compiled_loop(algo, problem, generations):
     @jax.jit
     def go(k):
         s = algo.init(k)
@@ -42,7 +46,7 @@ def run_loop(algo, problem, generations, key=0):
         (s, best), _ = jax.lax.scan(body, (s, f.min()), None, generations)
         return best, s
 
-    return go(jax.random.PRNGKey(key))
+    return go
 
 
 # -- DE -------------------------------------------------------------------------------------------
@@ -71,6 +75,7 @@ def test_binomial_crossover_always_takes_one_mutant_coordinate():
 
 
 @pytest.mark.parametrize("algo_cls,kw", [(DE, {"F": 1.0}), (DE, {"strategy": "current-to-best/1/bin"}), (JADE, {})])
+@pytest.mark.slow
 def test_de_trials_stay_in_the_box_and_selection_never_worsens(algo_cls, kw):
     prob = make_problem("rastrigin", 5)
     algo = algo_cls(pop_size=12, dim=5, lb=prob.lb, ub=prob.ub, **kw)
@@ -128,6 +133,7 @@ def test_polynomial_mutation_in_bounds_symmetric_and_tighter_with_larger_eta():
     np.testing.assert_array_equal(np.asarray(polynomial_mutation(jax.random.PRNGKey(9), x, lb, ub, 20.0, 0.0)), 0)
 
 
+@pytest.mark.slow
 def test_ga_elite_survives():
     prob = make_problem("sphere", 4)
     algo = GA(pop_size=9, dim=4, lb=prob.lb, ub=prob.ub, elites=2)
@@ -142,6 +148,7 @@ def test_ga_elite_survives():
 
 
 # -- CMA-ES ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cmaes_weights_follow_the_tutorial_and_masking_matches_the_unmasked_strategy():
     algo = CMAES(pop_size=10, dim=5, lb=(-1.0,) * 5, ub=(1.0,) * 5, dtype="float32")
     w, mueff, _ = algo.weights(jnp.asarray(10))
@@ -180,6 +187,7 @@ def test_ipop_restarts_double_lambda_within_pop_size():
     assert int(s.evals) < 600 * 24  # only active rows are counted as used
 
 
+@pytest.mark.slow
 def test_cmaes_agrees_with_pycma_on_sphere():
     """The small version of benchmarks/cmaes_vs_pycma.py: median evaluations to 1e-8, 10-D sphere."""
     cma = pytest.importorskip("cma")
@@ -233,6 +241,7 @@ def test_centred_ranks_and_nes_utilities():
     assert abs(u.sum()) < 1e-6 and np.all(np.diff(u) <= 0) and u[0] > 0
 
 
+@pytest.mark.slow
 def test_block_noise_is_standard_normal_and_one_block_regenerates_alone():
     # Both Box-Muller outputs are used: moments, tails and the cos/sin halves' independence.
     z = np.asarray(_es.block_noise(jax.random.PRNGKey(3), 5, 200, 101, jnp.float32), np.float64)
@@ -279,6 +288,7 @@ def _check_sincos(dtype):
             assert (float(c[i]), float(s[i])) == exact[v]
 
 
+@pytest.mark.slow
 def test_openes_samples_mirrored_pairs():
     algo = OpenES(pop_size=8, dim=3, lb=(-2.0,) * 3, ub=(2.0,) * 3)
     s = algo.init(jax.random.PRNGKey(0))
@@ -296,6 +306,7 @@ def test_xnes_shape_matrix_keeps_unit_determinant():
     assert abs(np.linalg.det(np.asarray(s.B, np.float64)) - 1) < 1e-3
 
 
+@pytest.mark.slow
 def test_slpso_best_particle_never_moves_and_worse_ones_learn_more():
     algo = SLPSO(pop_size=12, dim=300, lb=(-1.0,) * 300, ub=(1.0,) * 300)
     p = np.asarray(algo.learning_probability())
@@ -318,7 +329,6 @@ CONVERGE = [
     ("jade", {}, 40, 10, "rastrigin", 300, 1.0),
     ("pso", {"coefficients": "per_particle"}, 40, 10, "sphere", 300, 1e-3),
     ("cmaes", {}, 10, 10, "sphere", 300, 1e-8),
-    ("cmaes", {}, 10, 10, "rosenbrock", 1500, 1e-6),
     ("sep_cmaes", {}, 10, 10, "ellipsoid", 1000, 1e-4),
     ("openes", {"sigma_decay": 0.98, "lr_decay": 0.99}, 40, 10, "sphere", 300, 1.0),
     ("snes", {}, 20, 10, "sphere", 300, 1e-8),
@@ -331,11 +341,31 @@ CONVERGE = [
 @pytest.mark.parametrize("name,extra,pop,dim,prob_name,gens,target", CONVERGE,
                          ids=[f"{c[0]}-{c[4]}" + ("-" + "-".join(map(str, c[1].values())) if c[1] else "")
                               for c in CONVERGE])
+@pytest.mark.slow
 def test_converges_within_budget(name, extra, pop, dim, prob_name, gens, target):
     prob = make_problem(prob_name, dim)
     algo = ALGORITHMS[name](pop_size=pop, dim=dim, lb=prob.lb, ub=prob.ub, **extra)
     best, _ = run_loop(algo, prob, gens)
     assert float(best) < target, f"{name} on {prob_name}: {float(best):.3e} after {gens} generations"
+
+
+# Rosenbrock in 10 dimensions has a local minimum, f = 3.98662 near (-1, 1, ..., 1), besides the
+# global one, f = 0 at (1, ..., 1). CMA-ES with its default population ends in the local one in
+# a fraction of runs (about a quarter here, as pycma does); which runs depends on the last bits
+# of the arithmetic, so on the machine. What holds everywhere: every run ends in one of the two
+# minima, at least half of them in the global one.
+ROSENBROCK_10_LOCAL = 3.98662
+
+
+@pytest.mark.slow
+def test_cmaes_ends_every_run_in_a_minimum_of_rosenbrock_half_in_the_global_one():
+    prob = make_problem("rosenbrock", 10)
+    algo = ALGORITHMS["cmaes"](pop_size=10, dim=10, lb=prob.lb, ub=prob.ub)
+    go = _compiled_loop(algo, prob, 1500)
+    bests = [float(go(jax.random.PRNGKey(k))[0]) for k in range(8)]
+    at_global = [b < 1e-6 for b in bests]
+    assert all(g or abs(b - ROSENBROCK_10_LOCAL) < 1e-3 for b, g in zip(bests, at_global)), bests
+    assert sum(at_global) >= 4, bests
 
 
 # -- PSO coefficients -----------------------------------------------------------------------------
@@ -373,10 +403,9 @@ def test_pso_coefficient_draws(mode):
     ("pso", {"coefficients": "per_dim"}, "coefficients must be 'per_coordinate' or 'per_particle'"),
 ])
 def test_bad_hyper_parameters_are_config_errors_naming_the_key(algo, extra, message):
-    from hpcevo.config import config_from_dict
     from hpcevo.errors import ConfigError
 
     data = {"run": {"name": "x", "generations": 2}, "algorithm": {"name": algo, "pop_size": 9, **extra},
             "problem": {"name": "sphere", "dim": 3}}
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        config_from_dict(data)
+        hpcevo.load_config(data)

@@ -33,6 +33,8 @@ EXPECTED_SOURCE = {
     "mvapich": "MV2_COMM_WORLD_LOCAL_RANK",
 }
 
+pytestmark = pytest.mark.single_process
+
 
 def node(launcher: str, n: int, gpus: int = 0, *, visible=None, order=None, cores: int = 16,
          affinity=None, cuda: bool | None = None):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hpcevo.config import config_from_dict
+import hpcevo
 from hpcevo.errors import ConfigError
 from hpcevo.problems import CEC2022_NAMES, cec2022, create
 
@@ -37,6 +37,8 @@ def _points(number: int, dim: int) -> np.ndarray:
     return np.concatenate([x, create(f"cec2022_f{number}", dim).optimum_x()[None]])
 
 
+@pytest.mark.single_process
+@pytest.mark.slow
 def test_matches_the_organisers_code(ctx):
     import minionpy  # a test dependency: requirements/stack.txt, scripts/setup.sh
     mine = [p for i, p in enumerate(PAIRS) if i % ctx.size == ctx.rank]
@@ -66,6 +68,7 @@ def _opfunu(monkeypatch):
     return importlib.import_module("opfunu.cec_based.cec2022")
 
 
+@pytest.mark.single_process
 @pytest.mark.parametrize("dim", [10, 20])
 def test_matches_opfunu_where_opfunu_follows_the_organisers(dim, my_turn, monkeypatch):
     if not my_turn:
@@ -80,6 +83,7 @@ def test_matches_opfunu_where_opfunu_follows_the_organisers(dim, my_turn, monkey
     np.testing.assert_array_equal(p.f_shift, create("cec2022_f2", dim).optimum_x())  # same data
 
 
+@pytest.mark.single_process
 def test_registry_and_domain():
     assert CEC2022_NAMES == tuple(f"cec2022_f{i}" for i in range(1, 13))
     p = create("cec2022_f6", 10)
@@ -87,6 +91,7 @@ def test_registry_and_domain():
     assert create("cec2022_f9", 20, lb=-50.0).lb == (-50.0,) * 20
 
 
+@pytest.mark.single_process
 def test_bad_dimension_and_missing_data(monkeypatch):
     cfg = {
         "run": {"name": "t", "generations": 2},
@@ -94,7 +99,7 @@ def test_bad_dimension_and_missing_data(monkeypatch):
         "problem": {"name": "cec2022_f3", "dim": 12},
     }
     with pytest.raises(ConfigError, match="cec2022_f3: dim must be one of 10, 20"):
-        config_from_dict(cfg, "t.toml")
+        hpcevo.load_config(cfg)
     monkeypatch.setattr(cec2022, "DATA_SOURCES", (("no_such_package_abc", "data"),))
     with pytest.raises(ValueError, match="pip install opfunu"):
         create("cec2022_f1", 10)

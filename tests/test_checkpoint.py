@@ -16,12 +16,18 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import hpcevo
 from hpcevo import checkpoint
-from hpcevo.config import config_from_dict, resume_conflicts
+from hpcevo.config import parse_deadline
+from hpcevo.driver import build
+from hpcevo.driver.recording import History
+from hpcevo.driver.resume import resume_conflicts
+from hpcevo.driver.stopping import Deadline, StopFlag
 from hpcevo.errors import CheckpointError, UsageError
 from hpcevo.parallel import context_for
-from hpcevo.runner import execute
-from hpcevo.stopping import Deadline, StopFlag, parse_deadline
+
+# Blocks of ~4 KiB and splitting from 8 KiB up: every rank writes part of "big".
+SMALL_BLOCKS = checkpoint.Layout(block_bytes=4096, split_min_bytes=8192)
 
 
 def tree(seed=0):
@@ -38,20 +44,13 @@ def tree(seed=0):
 
 
 def snapshot(state, generation=10):
-    hist = {k: np.arange(generation, dtype=np.float64) for k in checkpoint.HISTORY_FIELDS}
+    hist = {k: np.arange(generation, dtype=np.float64) for k in History._fields}
     hist["nonfinite"] = np.zeros(generation, np.int32)
     return checkpoint.Snapshot(generation, 100 + generation, 7, "[run]\nname = 'x'\n", state, hist, 20, 10)
 
 
 def template_of(state):
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), state)
-
-
-@pytest.fixture
-def small_blocks(monkeypatch):
-    # Blocks of ~4 KiB and splitting from 8 KiB up: every rank writes part of "big".
-    monkeypatch.setattr(checkpoint, "CRC_BLOCK_BYTES", 4096)
-    monkeypatch.setattr(checkpoint, "SPLIT_MIN_BYTES", 8192)
 
 
 def assert_same(a, b):
@@ -63,9 +62,9 @@ def assert_same(a, b):
         assert x.tobytes() == y.tobytes()
 
 
-def test_roundtrip_is_bitwise_and_split_between_ranks(ctx, shared_tmp, small_blocks):
+def test_roundtrip_is_bitwise_and_split_between_ranks(ctx, shared_tmp):
     state = tree()
-    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state), layout=SMALL_BLOCKS)
     assert path.name == "gen-000000010.h5"
     assert not list(shared_tmp.glob(".*partial"))
     loaded = checkpoint.load(ctx, path, template_of(state))
@@ -91,11 +90,11 @@ def test_typed_prng_key_roundtrip(ctx, shared_tmp):
     assert np.array_equal(jax.random.uniform(loaded.state["key"], (3,)), jax.random.uniform(state["key"], (3,)))
 
 
-def test_flipped_bit_is_found_on_every_rank(ctx, shared_tmp, small_blocks):
+def test_flipped_bit_is_found_on_every_rank(ctx, shared_tmp):
     import h5py
 
     state = tree()
-    path = checkpoint.write(ctx, shared_tmp, snapshot(state))
+    path = checkpoint.write(ctx, shared_tmp, snapshot(state), layout=SMALL_BLOCKS)
     if ctx.is_root:
         with h5py.File(path, "r") as f:
             offset = f["state/big"].id.get_offset()
@@ -123,21 +122,22 @@ def test_truncated_file_is_damaged_not_a_crash(ctx, shared_tmp):
         checkpoint.load(ctx, path, template_of(state))
 
 
-def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_tmp, small_blocks, monkeypatch):
-    state = tree()
-    good = checkpoint.write(ctx, shared_tmp, snapshot(state, 10))
-    before = good.read_bytes() if ctx.is_root else None
-    real_crc = checkpoint._crc
+class FullDiskOnLastRank(checkpoint.Layout):
+    """The last rank's block writes fail as on a full disk (the checksum comes right after each)."""
 
-    def failing_crc(arr, rows, block):
-        if ctx.rank == ctx.size - 1:
+    def crc(self, arr, rows, block):
+        if MPI.COMM_WORLD.rank == MPI.COMM_WORLD.size - 1:
             raise OSError(28, "No space left on device")
-        return real_crc(arr, rows, block)
+        return super().crc(arr, rows, block)
 
-    monkeypatch.setattr(checkpoint, "_crc", failing_crc)
+
+def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_tmp):
+    state = tree()
+    good = checkpoint.write(ctx, shared_tmp, snapshot(state, 10), layout=SMALL_BLOCKS)
+    before = good.read_bytes() if ctx.is_root else None
+    failing = FullDiskOnLastRank(SMALL_BLOCKS.block_bytes, SMALL_BLOCKS.split_min_bytes)
     with pytest.raises(CheckpointError, match="No space left on device"):
-        checkpoint.write(ctx, shared_tmp, snapshot(state, 20))
-    monkeypatch.undo()
+        checkpoint.write(ctx, shared_tmp, snapshot(state, 20), layout=failing)
     ctx.comm_ctl.Barrier()
     if ctx.is_root:
         assert sorted(p.name for p in shared_tmp.iterdir()) == ["gen-000000010.h5"]  # no partial left
@@ -145,6 +145,7 @@ def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_t
         assert checkpoint.verify_file(good).problem is None
 
 
+@pytest.mark.single_process
 def test_retention_keeps_newest_and_every_mth(tmp_path):
     for g in (100, 200, 300, 400, 500, 600):
         (tmp_path / checkpoint.file_name(g)).write_bytes(b"")
@@ -171,17 +172,17 @@ def cfg_for(out: Path, **sets):
     for key, value in sets.items():
         section, name = key.split("__")
         data.setdefault(section, {})[name] = value
-    return config_from_dict(data)
+    return hpcevo.load_config(data)
 
 
 def test_resume_equals_uninterrupted_at_another_rank_count(ctx, shared_tmp):
-    whole = execute(ctx, cfg_for(shared_tmp / "whole"), quiet=True)
+    whole = hpcevo.run(cfg_for(shared_tmp / "whole"), quiet=True, ctx=ctx).summary
     # First part on this job's ranks, stopped at generation 20 by the config...
-    first = execute(ctx, cfg_for(shared_tmp / "split", run__generations=20), quiet=True)
+    first = hpcevo.run(cfg_for(shared_tmp / "split", run__generations=20), quiet=True, ctx=ctx).summary
     assert first["status"] == "complete" and first["generations"] == 20
     # ...continued on one rank alone (rank 0; a different rank count whenever size > 1).
     if ctx.is_root:
-        rest = execute(context_for(MPI.COMM_SELF), cfg_for(shared_tmp / "split"), resume=True, quiet=True)
+        rest = hpcevo.run(cfg_for(shared_tmp / "split"), resume=True, quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
         assert rest["resumed_from"] == 20 and rest["generations"] == 40
         assert rest["state_digest"] == whole["state_digest"]
         assert rest["best_fitness"] == whole["best_fitness"]
@@ -191,29 +192,27 @@ def test_resume_equals_uninterrupted_at_another_rank_count(ctx, shared_tmp):
         a = checkpoint.read_history(shared_tmp / "whole" / "checkpoints" / "gen-000000040.h5")
         b = checkpoint.read_history(shared_tmp / "split" / "checkpoints" / "gen-000000040.h5")
         assert len(a["best"]) == 40
-        for k in checkpoint.HISTORY_FIELDS:
+        for k in History._fields:
             assert a[k].tobytes() == b[k].tobytes(), k
     ctx.comm_ctl.Barrier()
 
 
 def test_resume_refuses_a_changed_computation(ctx, shared_tmp):
-    execute(ctx, cfg_for(shared_tmp / "r", run__generations=10), quiet=True)
+    hpcevo.run(cfg_for(shared_tmp / "r", run__generations=10), quiet=True, ctx=ctx).summary
     with pytest.raises(UsageError) as e:
-        execute(ctx, cfg_for(shared_tmp / "r", algorithm__pop_size=14), resume=True, quiet=True)
+        hpcevo.run(cfg_for(shared_tmp / "r", algorithm__pop_size=14), resume=True, quiet=True, ctx=ctx).summary
     assert "algorithm.pop_size: checkpoint has 13, this run has 14" in str(e.value)
     # and without --resume an existing run is never overwritten silently
     with pytest.raises(UsageError, match="--resume"):
-        execute(ctx, cfg_for(shared_tmp / "r"), quiet=True)
+        hpcevo.run(cfg_for(shared_tmp / "r"), quiet=True, ctx=ctx).summary
 
 
+@pytest.mark.single_process
 def test_resume_conflicts_allow_what_keeps_the_state_meaningful(tmp_path):
-    from hpcevo.config import dump_config
-
-    cfg = cfg_for(tmp_path)
-    text = dump_config(cfg)
-    assert resume_conflicts(text, cfg_for(tmp_path / "elsewhere", run__generations=999, log__every=7,
-                                          checkpoint__every=3)) == []
-    got = resume_conflicts(text, cfg_for(tmp_path, run__seed=4, problem__dim=7, algorithm__phi=0.2))
+    text = build.dump(build.resolved(cfg_for(tmp_path)))
+    assert resume_conflicts(text, build.resolved(cfg_for(tmp_path / "elsewhere", run__generations=999, log__every=7,
+                                                         checkpoint__every=3))) == []
+    got = resume_conflicts(text, build.resolved(cfg_for(tmp_path, run__seed=4, problem__dim=7, algorithm__phi=0.2)))
     assert got == [
         "algorithm.phi: checkpoint has 0.1, this run has 0.2",
         "problem.dim: checkpoint has 6, this run has 7",
@@ -232,32 +231,29 @@ class OneRankSignalled(StopFlag):
         return self
 
 
-def test_a_signal_on_one_rank_stops_all_with_a_checkpoint(ctx, shared_tmp, monkeypatch):
-    import hpcevo.runner as runner
-
-    monkeypatch.setattr(runner, "StopFlag", OneRankSignalled)
+def test_a_signal_on_one_rank_stops_all_with_a_checkpoint(ctx, shared_tmp):
     out = shared_tmp / "sig"
-    s = execute(ctx, cfg_for(out, run__generations=1000), quiet=True)
+    s = hpcevo.run(cfg_for(out, run__generations=1000), quiet=True, ctx=ctx, stop=OneRankSignalled()).summary
     assert s["status"] == "stopped" and s["generations"] == 1  # agreed at the first boundary
     assert ctx.comm_ctl.allgather(s["state_digest"]) == [s["state_digest"]] * ctx.size
     assert not (out / "summary.json").exists()
-    monkeypatch.undo()
     # the stop checkpoint resumes to the same end as a run never stopped
-    done = execute(ctx, cfg_for(out), resume=True, quiet=True)
-    whole = execute(ctx, cfg_for(shared_tmp / "whole"), quiet=True)
+    done = hpcevo.run(cfg_for(out), resume=True, quiet=True, ctx=ctx).summary
+    whole = hpcevo.run(cfg_for(shared_tmp / "whole"), quiet=True, ctx=ctx).summary
     assert done["status"] == "complete" and done["state_digest"] == whole["state_digest"]
 
 
 def test_deadline_inside_the_margin_stops_with_a_checkpoint(ctx, shared_tmp):
     out = shared_tmp / "late"
     # 10 minutes left but a 1-hour margin: due at the first boundary, on every rank.
-    s = execute(ctx, cfg_for(out, run__generations=1000, checkpoint__margin_seconds=3600.0), quiet=True,
-                deadline="10m")
+    s = hpcevo.run(cfg_for(out, run__generations=1000, checkpoint__margin_seconds=3600.0), quiet=True,
+                deadline="10m", ctx=ctx).summary
     assert s["status"] == "stopped" and s["generations"] == 1
     assert Path(s["checkpoint"]).name == checkpoint.file_name(1)
     assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == ["gen-000000001.h5"]
 
 
+@pytest.mark.single_process
 def test_deadline_parsing():
     now = 1_000_000.0
     assert parse_deadline(90, now) == now + 90
@@ -272,6 +268,7 @@ def test_deadline_parsing():
             parse_deadline(bad, now)
 
 
+@pytest.mark.single_process
 def test_deadline_leaves_room_for_a_chunk_and_a_checkpoint():
     d = Deadline(at=1000.0, margin=60.0)
     assert not d.due(now=900.0)
@@ -282,6 +279,7 @@ def test_deadline_leaves_room_for_a_chunk_and_a_checkpoint():
     assert not Deadline(None, 60.0).due()
 
 
+@pytest.mark.single_process
 def test_stop_flag_records_the_first_signal_and_second_sigint_interrupts():
     # Whatever SIGINT's handler was (a job started in the background by a shell ignores it) is
     # what StopFlag must put back.

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import hpcevo
 from hpcevo import cli
-from hpcevo.config import config_from_dict, dump_config, load_config, parse_override
+from hpcevo.config import config_from_dict, parse_override
+from hpcevo.driver import build
 from hpcevo.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cso.toml"
@@ -22,20 +24,29 @@ def base() -> dict:
     }
 
 
+def load(data: dict, overrides=()):
+    """What hpcevo.load_config does with a dict, named "t.toml" in its messages."""
+    cfg = config_from_dict(data, "t.toml", overrides)
+    build.check(cfg)
+    return cfg
+
+
 def error_of(data: dict, overrides=()) -> str:
     with pytest.raises(ConfigError) as e:
-        config_from_dict(data, "t.toml", overrides)
+        load(data, overrides)
     return str(e.value)
 
 
+@pytest.mark.single_process
 def test_example_loads_with_defaults():
-    cfg = load_config(EXAMPLE)
+    cfg = hpcevo.load_config(EXAMPLE)
     assert cfg.algorithm.name == "cso" and cfg.algorithm.pop_size == 1024
     assert cfg.problem.dim == 100 and cfg.run.seed == 42
     assert cfg.out_dir == Path("runs/cso-ackley")
     assert cfg.parallel.threads_per_rank == 1
 
 
+@pytest.mark.single_process
 def test_unknown_key_names_nearest():
     d = base()
     d["run"]["generatoins"] = 5
@@ -43,6 +54,7 @@ def test_unknown_key_names_nearest():
     assert "t.toml" in msg and "run.generatoins" in msg and "did you mean 'generations'" in msg
 
 
+@pytest.mark.single_process
 def test_unknown_section_names_nearest():
     d = base()
     d["problme"] = {}
@@ -50,6 +62,7 @@ def test_unknown_section_names_nearest():
     assert "unknown section 'problme'" in msg and "did you mean 'problem'" in msg
 
 
+@pytest.mark.single_process
 def test_unknown_algorithm_hyperparameter_names_nearest():
     d = base()
     d["algorithm"]["phii"] = 0.1
@@ -57,6 +70,7 @@ def test_unknown_algorithm_hyperparameter_names_nearest():
     assert "algorithm.phii" in msg and "did you mean 'phi'" in msg
 
 
+@pytest.mark.single_process
 def test_wrong_type_is_not_coerced():
     d = base()
     d["run"]["generations"] = "100"
@@ -64,6 +78,7 @@ def test_wrong_type_is_not_coerced():
     assert "'run.generations'" in msg and "'100'" in msg and "integer" in msg
 
 
+@pytest.mark.single_process
 def test_wrong_type_for_hyperparameter():
     d = base()
     d["algorithm"]["phi"] = "big"
@@ -71,6 +86,7 @@ def test_wrong_type_for_hyperparameter():
     assert "'algorithm.phi'" in msg and "'big'" in msg
 
 
+@pytest.mark.single_process
 def test_out_of_range_values():
     d = base()
     d["run"]["generations"] = 0
@@ -80,6 +96,7 @@ def test_out_of_range_values():
     assert "phi must be in [0, 1]" in error_of(d)
 
 
+@pytest.mark.single_process
 def test_bad_bounds():
     d = base()
     d["problem"]["lb"], d["problem"]["ub"] = 5.0, -5.0
@@ -87,6 +104,7 @@ def test_bad_bounds():
     assert "[problem]" in msg and "lb" in msg
 
 
+@pytest.mark.single_process
 def test_unknown_problem_and_algorithm():
     d = base()
     d["problem"]["name"] = "ackly"
@@ -97,46 +115,51 @@ def test_unknown_problem_and_algorithm():
     assert "unknown algorithm 'csoo'" in msg and "did you mean 'cso'" in msg
 
 
+@pytest.mark.single_process
 def test_missing_required_key():
     d = base()
     del d["run"]["generations"]
     assert "missing required key 'run.generations'" in error_of(d)
 
 
+@pytest.mark.single_process
 def test_missing_file_and_bad_toml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        load_config(tmp_path / "nope.toml")
+        hpcevo.load_config(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[run\nname = 1\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(bad)
+        hpcevo.load_config(bad)
 
 
+@pytest.mark.single_process
 def test_overrides_are_typed_like_toml():
     assert parse_override("run.generations=500") == (["run", "generations"], 500)
     assert parse_override("problem.lb=-1.5") == (["problem", "lb"], -1.5)
     assert parse_override("run.name=foo") == (["run", "name"], "foo")
     assert parse_override('run.name="a b"') == (["run", "name"], "a b")
     assert parse_override("problem.lb=[1.0, 2.0]") == (["problem", "lb"], [1.0, 2.0])
-    cfg = config_from_dict(base(), overrides=["run.generations=7", "algorithm.phi=0.2", "log.every=3"])
+    cfg = hpcevo.load_config(base(), overrides=["run.generations=7", "algorithm.phi=0.2", "log.every=3"])
     assert cfg.run.generations == 7 and cfg.algorithm_params["phi"] == 0.2 and cfg.log.every == 3
 
 
+@pytest.mark.single_process
 def test_override_errors():
     with pytest.raises(ConfigError, match="KEY.PATH=VALUE"):
-        config_from_dict(base(), overrides=["run.generations"])
+        hpcevo.load_config(base(), overrides=["run.generations"])
     msg = error_of(base(), ["run.seed.x=1"])
     assert "'run.seed' is a value" in msg
     msg = error_of(base(), ["run.generations=ten"])
     assert "--set run.generations=ten" in msg and "'run.generations'" in msg
 
 
+@pytest.mark.single_process
 def test_resolved_config_round_trips():
-    cfg = config_from_dict(base())
-    text = dump_config(cfg)
+    cfg = hpcevo.load_config(base())
+    text = build.dump(build.resolved(cfg))
     data = tomllib.loads(text)
     assert data["algorithm"]["phi"] == 0.1  # the algorithm's published default, filled in
-    assert config_from_dict(data).to_dict() == cfg.to_dict()
+    assert build.resolved(hpcevo.load_config(data)) == build.resolved(cfg)
 
 
 def test_cli_bad_config_exits_2_everywhere_with_one_message(ctx, shared_tmp, capsys):
@@ -178,6 +201,7 @@ def test_cli_bad_argument_exits_2(ctx, capsys):
     assert ("required" in err) if ctx.rank == 0 else err == ""
 
 
+@pytest.mark.single_process
 def test_typo_in_required_key_names_the_typo():
     d = base()
     d["algorithm"]["pop_sise"] = d["algorithm"].pop("pop_size")

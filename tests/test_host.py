@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcevo.config import config_from_dict
+import hpcevo
 from hpcevo.errors import ConfigError
 from hpcevo.parallel import TaskRunner, allgather_rows, context_for
 from hpcevo.problems import create
-from hpcevo.runner import execute
 from test_user_problems import run_fails_where_missing
 
 NUMPY_PROBLEMS = textwrap.dedent(
@@ -78,7 +77,7 @@ def files(ctx, shared_tmp):
 
 
 def config(out: Path, problem: dict, generations: int = 4, **evaluation):
-    return config_from_dict({
+    return hpcevo.load_config({
         "run": {"name": "host", "seed": 5, "generations": generations, "out": str(out)},
         "algorithm": {"name": "cso", "pop_size": 8},
         "problem": {"dim": 3, "lb": -1.0, "ub": 1.0, **problem},
@@ -221,7 +220,9 @@ def test_host_settings_are_refused_for_jax_problems(tmp_path):
     with pytest.raises(ConfigError, match="'evaluation.schedule' applies to host problems only"):
         config(tmp_path, {"name": "sphere"}, schedule="dynamic")
     # ... and kept out of a JAX run's resolved config, so its checkpoints resume as before
-    assert "concurrency" not in config(tmp_path, {"name": "sphere"}).to_dict()["evaluation"]
+    from hpcevo.driver.build import resolved
+
+    assert "concurrency" not in resolved(config(tmp_path, {"name": "sphere"}))["evaluation"]
     with pytest.raises(ConfigError, match="'evaluation.penalty': must be a number or inf, not nan"):
         config(tmp_path, {"name": "command", "args": {"command": ["true"]}}, penalty=float("nan"))
 
@@ -236,8 +237,8 @@ def test_numpy_code_traced_as_jax_suggests_host(tmp_path):
 # -- whole runs: the same at any rank count, schedule and concurrency; failures never stop -------
 def test_numpy_problem_same_run_at_any_rank_count_and_schedule(ctx, files):
     problem = {"name": f"{files}/hostprob.py:picky", "host": True}
-    static = execute(ctx, config(files / "static", problem), quiet=True)
-    dynamic = execute(ctx, config(files / "dynamic", problem, schedule="dynamic", concurrency=2), quiet=True)
+    static = hpcevo.run(config(files / "static", problem), quiet=True, ctx=ctx).summary
+    dynamic = hpcevo.run(config(files / "dynamic", problem, schedule="dynamic", concurrency=2), quiet=True, ctx=ctx).summary
     assert static["status"] == dynamic["status"] == "complete"
     assert static["failed_evaluations"] > 0  # penalised with +inf: counted as non-finite too
     assert static["nonfinite_evaluations"] == static["failed_evaluations"]
@@ -245,7 +246,7 @@ def test_numpy_problem_same_run_at_any_rank_count_and_schedule(ctx, files):
     if ctx.is_root:
         assert len(logged) == static["failed_evaluations"]
         assert all(r["reason"].startswith("raised ValueError") == (r["x"][0] > 0.6) for r in logged)
-        one = execute(context_for(MPI.COMM_SELF), config(files / "one", problem), quiet=True)
+        one = hpcevo.run(config(files / "one", problem), quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
         assert one["state_digest"] == static["state_digest"]
         assert failures(files / "one") == [dict(r, rank=0) for r in logged]
     assert dynamic["state_digest"] == static["state_digest"]
@@ -255,21 +256,22 @@ def test_numpy_problem_same_run_at_any_rank_count_and_schedule(ctx, files):
 
 def test_block_function_runs_on_fixed_slices_and_resumes(ctx, files):
     problem = {"name": f"{files}/hostprob.py:weighted", "host": True, "args": {"shift": 0.25}}
-    whole = execute(ctx, config(files / "whole", problem, generations=6, batch_size=3), quiet=True)
-    execute(ctx, config(files / "split", problem, generations=3, batch_size=3), quiet=True)
+    whole = hpcevo.run(config(files / "whole", problem, generations=6, batch_size=3), quiet=True, ctx=ctx).summary
+    hpcevo.run(config(files / "split", problem, generations=3, batch_size=3), quiet=True, ctx=ctx).summary
     if ctx.is_root:  # continued on one rank: another rank count whenever size > 1
-        rest = execute(context_for(MPI.COMM_SELF), config(files / "split", problem, generations=6,
+        rest = hpcevo.run(config(files / "split", problem, generations=6,
                                                             batch_size=3, schedule="dynamic"),
-                       resume=True, quiet=True)
+                       resume=True, quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
         assert rest["resumed_from"] == 3 and rest["state_digest"] == whole["state_digest"]
     ctx.comm_ctl.Barrier()
 
 
+@pytest.mark.slow
 def test_command_failures_are_penalised_counted_logged_and_never_stop_the_run(ctx, files):
     problem = {"name": "command", "args": {
         "command": [str(files / "sim.sh"), "{input}", "{output}", "{index}", "{generation}"], "timeout": 1.5}}
     # A finite penalty: an ordinary (bad) value, so the run is compared bit for bit below.
-    here = execute(ctx, config(files / "cmd", problem, schedule="dynamic", concurrency=2, penalty=1e30), quiet=True)
+    here = hpcevo.run(config(files / "cmd", problem, schedule="dynamic", concurrency=2, penalty=1e30), quiet=True, ctx=ctx).summary
     assert here["status"] == "complete" and here["generations"] == 4
     assert here["failed_evaluations"] == len(SIM_FAILURES)
     assert here["nonfinite_evaluations"] == 0
@@ -282,7 +284,7 @@ def test_command_failures_are_penalised_counted_logged_and_never_stop_the_run(ct
             assert SIM_FAILURES[(r["generation"], r["index"])] in r["reason"], r
             assert len(r["x"]) == 3 and 0 <= r["rank"] < ctx.size
         # one rank, static blocks, one at a time: the same run (the simulator is deterministic)
-        one = execute(context_for(MPI.COMM_SELF), config(files / "one", problem, penalty=1e30), quiet=True)
+        one = hpcevo.run(config(files / "one", problem, penalty=1e30), quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
         assert one["failed_evaluations"] == len(SIM_FAILURES)
         assert one["state_digest"] == here["state_digest"]
     assert ctx.comm_ctl.allgather(here["state_digest"]) == [here["state_digest"]] * ctx.size

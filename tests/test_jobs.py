@@ -92,6 +92,7 @@ def run_args(text: str) -> list[str]:
 
 # -- rendering ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("nodes,gpus", [(1, 1), (2, 4), (4, 2)])
+@pytest.mark.single_process
 def test_slurm_gpu_nodes(nodes, gpus):
     text = render(req(nodes=nodes, gpus_per_node=gpus, time="1-02:03:04", account="p42", partition="gpu",
                       qos="high", signal_margin=120))
@@ -107,6 +108,7 @@ def test_slurm_gpu_nodes(nodes, gpus):
     assert run_args(text)[:2] == ["run", EXAMPLE]
 
 
+@pytest.mark.single_process
 def test_slurm_cpu_nodes_rank_per_core_group():
     text = render(req(nodes=2, ranks_per_node=4, cpus_per_rank=8, overrides=("parallel.threads_per_rank=8",),
                       launcher="mpiexec", launcher_args="-bind-to core:8"))
@@ -117,6 +119,7 @@ def test_slurm_cpu_nodes_rank_per_core_group():
     assert run_args(text)[2:4] == ["--set", "parallel.threads_per_rank=8"]
 
 
+@pytest.mark.single_process
 def test_slurm_pmix_and_seed_array():
     text = render(req(srun_mpi="pmix", seeds="0-9:3", overrides=("run.out=/scratch/x",)))
     d = sbatch_directives(text)
@@ -136,6 +139,7 @@ def _array_snippet(text: str) -> str:
 
 
 @pytest.mark.parametrize("nodes,gpus,rpn,cpus", [(2, 4, None, None), (2, 0, 16, 1), (3, 0, 2, 4)])
+@pytest.mark.single_process
 def test_pbs_directives(nodes, gpus, rpn, cpus):
     over = (f"parallel.threads_per_rank={cpus}",) if cpus else ()
     text = render(req("pbs", nodes=nodes, gpus_per_node=gpus, ranks_per_node=rpn, cpus_per_rank=cpus,
@@ -155,11 +159,13 @@ def test_pbs_directives(nodes, gpus, rpn, cpus):
     assert run_args(text)[-3:] == ["--resume", "--deadline", str(30 * 3600 - 300)]
 
 
+@pytest.mark.single_process
 def test_pbs_pals_launcher():
     text = render(req("pbs", nodes=2, gpus_per_node=4, launcher="pals"))
     assert 'LAUNCH=(mpiexec -n "$NRANKS" --ppn 4 --depth 1 --cpu-bind depth)' in text
 
 
+@pytest.mark.single_process
 def test_share_gpus_allows_more_ranks_than_gpus():
     text = render(req(nodes=1, gpus_per_node=2, ranks_per_node=4, overrides=("parallel.share_gpus=true",)))
     d = sbatch_directives(text)
@@ -185,6 +191,7 @@ def test_share_gpus_allows_more_ranks_than_gpus():
     (dict(overrides=("algorithm.pop_sise=4",)), "algorithm.pop_sise"),
     (dict(config="/nonexistent.toml"), "config file '/nonexistent.toml' not found"),
 ])
+@pytest.mark.single_process
 def test_inconsistent_slurm_requests_are_refused(kw, message):
     with pytest.raises(UsageError) as e:
         render(req(**kw))
@@ -198,18 +205,21 @@ def test_inconsistent_slurm_requests_are_refused(kw, message):
     (dict(launcher="srun"), "allowed: mpiexec, pals"),
     (dict(job_name="1st"), "PBS needs it to start with a letter"),
 ])
+@pytest.mark.single_process
 def test_inconsistent_pbs_requests_are_refused(kw, message):
     with pytest.raises(UsageError) as e:
         render(req("pbs", **kw))
     assert message in str(e.value)
 
 
+@pytest.mark.single_process
 def test_time_formats():
     assert parse_time("2h") == parse_time("02:00:00") == parse_time("120m") == parse_time("2:00") == 7200
     assert parse_time("1-00:00:01") == 86401 and parse_time("45s") == 45
     assert plan(req(time="36h")).seconds == 36 * 3600
 
 
+@pytest.mark.single_process
 def test_rendered_examples_in_jobs_are_current(monkeypatch):
     """jobs/*: the README's 2-node examples, exactly what `hpcevo jobs render` writes today."""
     monkeypatch.chdir(ROOT)  # the recorded commands use paths relative to the repository
@@ -218,13 +228,12 @@ def test_rendered_examples_in_jobs_are_current(monkeypatch):
     for path in paths:
         first = path.read_text().splitlines()
         cmd = next(ln for ln in first if "rendered by: hpcevo jobs render" in ln).split("rendered by: hpcevo ")[1]
-        from hpcevo.cli import build_parser
-        from hpcevo.jobs import request_from_args
+        from hpcevo.cli import _job_request, build_parser
 
         argv = shlex.split(cmd)
         args = build_parser().parse_args(argv)
         args.argv = argv
-        got = render(dataclasses.replace(request_from_args(args, argv), script_path=args.out))
+        got = render(dataclasses.replace(_job_request(args), script_path=args.out))
         assert got == path.read_text(), f"{path.name} is stale: run scripts/render-job-examples.sh"
 
 
@@ -298,6 +307,7 @@ def test_job_takes_rank_0s_exit_code_when_the_launcher_reports_0(tmp_path):
     assert not list(tmp_path.glob(".hpcevo-exit.*"))  # the job cleans up after itself
 
 
+@pytest.mark.single_process
 def test_cli_records_its_exit_code_where_a_job_script_asks(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[algorithm]\nname = "nope"\n')
@@ -360,6 +370,7 @@ def _wait_for(ready, proc, timeout=60.0):
         time.sleep(0.1)
 
 
+@pytest.mark.single_process
 def test_submit_writes_the_script_and_prints_the_job_id(tmp_path, monkeypatch):
     from hpcevo.jobs import submit
 
@@ -382,6 +393,7 @@ def test_submit_writes_the_script_and_prints_the_job_id(tmp_path, monkeypatch):
         submit(req(), tmp_path / "x.sbatch")
 
 
+@pytest.mark.single_process
 def test_cli_refuses_with_exit_2_and_one_message(capsys):
     from hpcevo.cli import main
 

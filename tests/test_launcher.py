@@ -83,13 +83,13 @@ def test_exception_on_one_rank_ends_the_job_quickly(tmp_path):
     script.write_text(
         "import sys\n"
         "from mpi4py import MPI\n"
-        "import hpcevo.workflow as wf\n"
-        "orig = wf.Workflow.advance\n"
+        "import hpcevo.driver.engine as engine\n"
+        "orig = engine.DeviceEngine.advance\n"
         "def advance(self, state, n):\n"
         "    if MPI.COMM_WORLD.rank == 1 and int(state.generation) >= 5:\n"
         "        raise RuntimeError('injected failure on rank 1')\n"
         "    return orig(self, state, n)\n"
-        "wf.Workflow.advance = advance\n"
+        "engine.DeviceEngine.advance = advance\n"
         "from hpcevo.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -197,3 +197,29 @@ def test_second_launch_loads_its_programs_from_the_compilation_cache(tmp_path):
     assert any(p.name.startswith("jit_fingerprint") for p in (tmp_path / "env-cache").glob("*-cache"))
     assert set(summaries[1]["startup_s"]) >= {"python", "imports_mpi", "config", "setup", "compile",
                                               "first_generation", "total"}
+
+
+def _script(n: int | None, script: Path, *args: str, timeout: float = 600):
+    cmd = [sys.executable, str(script), *args]
+    if n is not None:
+        cmd = [MPIEXEC, "-n", str(n), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=ROOT)
+
+
+def test_api_examples_give_the_same_digest_alone_and_on_3_ranks_and_the_cli_agrees(tmp_path):
+    """examples/api_*.py as a user starts them: one process, then mpiexec -n 3. api_run.py runs
+    examples/cso.toml through hpcevo.run: the same digest as `hpcevo run` on it."""
+    scripts = sorted((ROOT / "examples").glob("api_*.py"))
+    assert {p.stem for p in scripts} >= {"api_run", "api_function", "api_loop"}
+    digests = {}
+    for script in scripts:
+        for n in (None, 3):
+            r = _script(n, script, "--generations", "30", "--out", str(tmp_path / f"{script.stem}-{n}"))
+            assert r.returncode == 0, r.stderr
+            last = r.stdout.strip().splitlines()[-1]
+            assert last.startswith("digest ") and r.stdout.count("digest ") == 1, r.stdout  # rank 0 alone prints
+            digests[script.stem, n] = last.split()[1]
+        assert digests[script.stem, None] == digests[script.stem, 3], script.name
+    r = hpcevo(None, "run", str(EXAMPLE), "--set", "run.generations=30", "--set", f"run.out={tmp_path / 'cli'}", "-q")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["state_digest"] == digests["api_run", None]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hpcevo import model
+from hpcevo.tools import model
 from hpcevo.cli import main
 
 pytestmark = pytest.mark.single_process

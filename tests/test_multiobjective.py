@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import hpcevo
 from hpcevo import checkpoint
 from hpcevo.algorithms import MOEAD, NSGA2
-from hpcevo.algorithms._mo import crowded_order, crowding_distance, non_dominated, non_dominated_rank
-from hpcevo.config import config_from_dict
+from hpcevo.algorithms.mo import crowded_order, crowding_distance, non_dominated, non_dominated_rank
 from hpcevo.errors import ConfigError
 from hpcevo.indicators import hypervolume, igd
 from hpcevo.parallel import context_for
 from hpcevo.problems import MO_PROBLEMS, make_problem
-from hpcevo.runner import execute
 
 single = pytest.mark.single_process
 
@@ -116,6 +115,7 @@ def _fixed_fronts():
 
 
 @single
+@pytest.mark.slow
 def test_hypervolume_and_igd_match_moocore_to_1e9():
     with jax.enable_x64(True):
         for f, mask in _fixed_fronts():
@@ -131,6 +131,7 @@ def test_hypervolume_and_igd_match_moocore_to_1e9():
 
 
 @single
+@pytest.mark.slow
 def test_hypervolume_corner_cases():
     with jax.enable_x64(True):
         ref = jnp.asarray([1.0, 1.0, 1.0])
@@ -143,6 +144,7 @@ def test_hypervolume_corner_cases():
 
 # -- sorting and crowding ------------------------------------------------------------------------
 @single
+@pytest.mark.slow
 def test_non_dominated_sort_and_crowding_match_pymoo():
     from pymoo.operators.survival.rank_and_crowding.metrics import calc_crowding_distance
     from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
@@ -165,6 +167,7 @@ def test_non_dominated_sort_and_crowding_match_pymoo():
 
 
 @single
+@pytest.mark.slow
 def test_selection_among_exact_ties_is_by_index():
     f = jnp.asarray([[1.0, 2.0], [2.0, 1.0], [1.0, 2.0], [2.0, 1.0], [3.0, 3.0]])
     rank = non_dominated_rank(f)
@@ -199,6 +202,7 @@ def _run(algo, prob, generations, seed=0):
     (MOEAD, "dtlz2", 91, 100, {"neighbours": 15}, 0.1),
     (NSGA2, "dtlz2", 92, 100, {}, 0.1),
 ])
+@pytest.mark.slow
 def test_converges_close_to_the_true_front(cls, name, pop, gens, kw, max_igd):
     prob = make_problem(name, 12)
     algo = cls(pop_size=pop, dim=12, lb=prob.lb, ub=prob.ub, num_objectives=prob.num_objectives, **kw)
@@ -213,6 +217,7 @@ def test_converges_close_to_the_true_front(cls, name, pop, gens, kw, max_igd):
 
 
 @single
+@pytest.mark.slow
 def test_nsga2_survival_keeps_the_best_fronts_and_never_loses_the_front():
     prob = make_problem("zdt3", 8)
     algo = NSGA2(pop_size=20, dim=8, lb=prob.lb, ub=prob.ub, num_objectives=2)
@@ -254,7 +259,7 @@ def _mo_config(out, **over):
     for key, value in over.items():
         section, name = key.split("__")
         data[section][name] = value
-    return config_from_dict(data)
+    return hpcevo.load_config(data)
 
 
 @single
@@ -273,12 +278,13 @@ def test_config_refuses_mismatched_algorithm_and_problem(tmp_path):
         _mo_config(tmp_path, algorithm__num_objectives=2)
 
 
+@pytest.mark.slow
 def test_mo_run_logs_metrics_and_resumes_at_another_rank_count(ctx, shared_tmp):
-    whole = execute(ctx, _mo_config(shared_tmp / "whole"), quiet=True)
-    first = execute(ctx, _mo_config(shared_tmp / "split", run__generations=10), quiet=True)
+    whole = hpcevo.run(_mo_config(shared_tmp / "whole"), quiet=True, ctx=ctx).summary
+    first = hpcevo.run(_mo_config(shared_tmp / "split", run__generations=10), quiet=True, ctx=ctx).summary
     assert first["generations"] == 10
     if ctx.is_root:
-        rest = execute(context_for(MPI.COMM_SELF), _mo_config(shared_tmp / "split"), resume=True, quiet=True)
+        rest = hpcevo.run(_mo_config(shared_tmp / "split"), resume=True, quiet=True, ctx=context_for(MPI.COMM_SELF)).summary
         assert rest["resumed_from"] == 10 and rest["state_digest"] == whole["state_digest"]
         assert rest["front_f"] == whole["front_f"] and rest["hypervolume"] == whole["hypervolume"]
         # the summary's front is the population's non-dominated set, and its HV is the front's

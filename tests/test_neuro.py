@@ -12,7 +12,7 @@ from mpi4py import MPI
 from hpcevo.algorithms import PSO
 from hpcevo.parallel import context_for
 from hpcevo.problems import create
-from hpcevo.workflow import Workflow, state_digest
+import hpcevo
 
 SMALL = {"env": "CartPole-v1", "hidden": [4], "episodes": 2, "max_steps": 25}
 
@@ -21,6 +21,7 @@ def theta(p, n, seed=0):
     return jax.random.uniform(jax.random.PRNGKey(seed), (n, p.dim), minval=-1.0, maxval=1.0)
 
 
+@pytest.mark.single_process
 def test_dim_is_the_number_of_mlp_parameters():
     assert create("neuro", None, args={"env": "CartPole-v1"}).dim == 4 * 16 + 16 + 16 * 2 + 2
     p = create("neuro", None, args={"env": "Pendulum-v1", "hidden": [8, 8]})
@@ -30,6 +31,7 @@ def test_dim_is_the_number_of_mlp_parameters():
     assert create("neuro", None, -3.0, 3.0, {"env": "CartPole-v1"}).ub == (3.0,) * 114
 
 
+@pytest.mark.single_process
 def test_unflatten_layout_and_policy():
     p = create("neuro", None, args={"env": "CartPole-v1", "hidden": [3]})
     t = jnp.arange(p.dim, dtype=jnp.float32)
@@ -55,6 +57,8 @@ def reference_return(p, th, key):
     return total
 
 
+@pytest.mark.single_process
+@pytest.mark.slow
 def test_returns_match_gymnax_episode_loop(my_turn):
     if not my_turn:
         return  # another rank of this job runs it (see conftest.my_turn)
@@ -67,6 +71,7 @@ def test_returns_match_gymnax_episode_loop(my_turn):
         assert fitness[i] == pytest.approx(-mean, abs=1e-5)
 
 
+@pytest.mark.single_process
 def test_episodes_depend_on_generation_and_seed_not_on_position(my_turn):
     if not my_turn:
         return  # another rank of this job runs it (see conftest.my_turn)
@@ -81,20 +86,21 @@ def test_episodes_depend_on_generation_and_seed_not_on_position(my_turn):
     assert not np.array_equal(a, np.asarray(jax.jit(other.evaluate)(x, jnp.int32(1))))
 
 
-def test_rollouts_bitwise_equal_to_one_rank(ctx):
+@pytest.mark.slow
+def test_rollouts_bitwise_equal_to_one_rank(ctx, references, request):
     p = create("neuro", None, args=SMALL)
     algo = PSO(pop_size=7, dim=p.dim, lb=p.lb, ub=p.ub)
 
     def run(c):
-        wf = Workflow(algo, p.evaluate, c, with_generation=True)
-        for b in wf.run(11, 3, 3):
-            return state_digest(b.state), float(b.state.best_f)
+        loop = hpcevo.Loop(algo, p, c).compile(11).init(11).advance(2)
+        return [loop.digest(), loop.best_fitness]
 
     here = run(ctx)
-    assert here == run(context_for(MPI.COMM_SELF))
+    assert here == references.get(request, "run", lambda: here if ctx.size == 1 else run(context_for(MPI.COMM_SELF)))
     assert -25.0 <= here[1] < 0.0  # minus a mean return of at most max_steps rewards of 1
 
 
+@pytest.mark.single_process
 @pytest.mark.parametrize("env", ["Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0"])
 def test_other_classic_control_environments(env, my_turn):
     if not my_turn:
@@ -114,6 +120,7 @@ def test_other_classic_control_environments(env, my_turn):
     ({"env": "CartPole-v1", "episodes": 0}, "episodes must be an integer >= 1"),
     ({"env": "CartPole-v1", "layers": [3]}, "unknown key problem.args.layers (valid: env, hidden"),
 ])
+@pytest.mark.single_process
 def test_bad_arguments(args, message):
     with pytest.raises(ValueError) as e:
         create("neuro", None, args=args)

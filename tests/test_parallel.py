@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import hpcevo
 from hpcevo.algorithms import CSO, PSO
 from hpcevo.errors import ConfigError, DivergenceError
-from hpcevo.parallel import agree_on_error, check_replicas, context_for, microbatch_rows, shard_of
+from hpcevo.parallel import agree_on_error, check_replicas, collective_stage, context_for, microbatch_rows, shard_of
 from hpcevo.problems import make_problem
-from hpcevo.workflow import Workflow, state_digest
 
 
+@pytest.mark.single_process
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 37, 64, 100, 1000, 1024])
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 16, 100])
 def test_shards_cover_every_microbatch_once(n, size):
@@ -29,61 +30,70 @@ def test_shards_cover_every_microbatch_once(n, size):
     assert max(counts) - min(counts) <= 1
 
 
+@pytest.mark.single_process
 def test_microbatch_depends_on_batch_size_only():
     assert microbatch_rows(1024) == 16 and microbatch_rows(10) == 8 and microbatch_rows(3) == 3
     assert microbatch_rows(1000, requested=50) == 50
 
 
-def run(ctx, algo, problem, generations=12, every=5, seed=7, microbatch=None):
-    wf = Workflow(algo, problem.evaluate, ctx, microbatch)
-    out = None
-    for b in wf.run(seed, generations, every):
-        if b.generation == generations:
-            out = (state_digest(b.state), float(b.state.best_f), int(b.state.nonfinite))
-    return out
+def run(ctx, algo, problem, out, generations=12, every=5, seed=7, microbatch=None):
+    """The run as hpcevo.run drives it (the loop users run), with the algorithm and problem
+    objects held here: [digest, best fitness, non-finite count]."""
+    cfg = {"run": {"name": "p", "seed": seed, "generations": generations, "out": str(out), "dtype": algo.dtype},
+           "log": {"every": every}, "parallel": {"microbatch": microbatch or 0}, "checkpoint": {"final": False}}
+    s = hpcevo.run(cfg, problem=problem, algorithm=algo, ctx=ctx, quiet=True).summary
+    return [s["state_digest"], s["best_fitness"], s["nonfinite_evaluations"]]
 
 
-def self_ctx():
-    return context_for(MPI.COMM_SELF)
+def here_and_alone(ctx, references, request, shared_tmp, algo, problem, **kw):
+    """The run on this job's ranks, and the same run on one rank (rank 0, COMM_SELF; in a suite
+    run, the one the 1-rank pass made: conftest.References)."""
+    here = run(ctx, algo, problem, shared_tmp / "here", **kw)
+    alone = references.get(request, "run", lambda: here if ctx.size == 1 else
+                           run(context_for(MPI.COMM_SELF), algo, problem, shared_tmp / "alone", **kw))
+    return here, alone
 
 
+slow = pytest.mark.slow
 CASES = [
     # (algorithm, pop, problem, dim): uneven splits, more ranks than individuals, odd CSO swarm
     ("cso", 10, "sphere", 5),
-    ("cso", 7, "rastrigin", 8),
+    pytest.param("cso", 7, "rastrigin", 8, marks=slow),
     ("pso", 3, "ackley", 7),
-    ("pso", 2, "rosenbrock", 4),
-    ("cso", 256, "ackley", 100),
-    ("pso", 100, "griewank", 30),
+    pytest.param("pso", 2, "rosenbrock", 4, marks=slow),
+    pytest.param("cso", 256, "ackley", 100, marks=slow),
+    pytest.param("pso", 100, "griewank", 30, marks=slow),
 ]
 
 
 @pytest.mark.parametrize("name,pop,prob,dim", CASES)
-def test_bitwise_equal_to_one_rank(ctx, name, pop, prob, dim):
+def test_bitwise_equal_to_one_rank(ctx, references, request, shared_tmp, name, pop, prob, dim):
     """The run on all ranks of this job equals, bit for bit, the same run on one rank."""
     problem = make_problem(prob, dim)
     cls = CSO if name == "cso" else PSO
     algo = cls(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub)
-    here = run(ctx, algo, problem)
-    alone = run(self_ctx(), algo, problem)
+    here, alone = here_and_alone(ctx, references, request, shared_tmp, algo, problem)
     assert here == alone
     # and every rank holds the same result
     assert ctx.comm_ctl.allgather(here[0]) == [here[0]] * ctx.size
 
 
-def test_float64_bitwise_equal_to_one_rank(ctx):
+@pytest.mark.slow
+def test_float64_bitwise_equal_to_one_rank(ctx, references, request, shared_tmp):
     import jax
 
     jax.config.update("jax_enable_x64", True)
     try:
         problem = make_problem("ellipsoid", 9)
         algo = CSO(pop_size=33, dim=9, lb=problem.lb, ub=problem.ub, dtype="float64")
-        assert run(ctx, algo, problem) == run(self_ctx(), algo, problem)
+        here, alone = here_and_alone(ctx, references, request, shared_tmp, algo, problem)
+        assert here == alone
     finally:
         jax.config.update("jax_enable_x64", False)
 
 
-def test_nan_fitness_counted_as_worst_and_never_poisons(ctx):
+@pytest.mark.slow
+def test_nan_fitness_counted_as_worst_and_never_poisons(ctx, references, request, shared_tmp):
     import jax.numpy as jnp
 
     sphere = make_problem("sphere", 4)
@@ -97,10 +107,11 @@ def test_nan_fitness_counted_as_worst_and_never_poisons(ctx):
             return jnp.where(x[:, 0] > 0, jnp.nan, f)  # about half the candidates fail
 
     algo = PSO(pop_size=20, dim=4, lb=sphere.lb, ub=sphere.ub)
-    digest, best, nonfinite = run(ctx, algo, Flaky, generations=10)
+    here, alone = here_and_alone(ctx, references, request, shared_tmp, algo, Flaky, generations=10)
+    digest, best, nonfinite = here
     assert np.isfinite(best)
     assert 0 < nonfinite < 200
-    assert (digest, best, nonfinite) == run(self_ctx(), algo, Flaky, generations=10)
+    assert here == alone
 
 
 def test_divergence_is_detected_on_every_rank(ctx):
@@ -147,3 +158,18 @@ def test_rank_with_an_error_gives_up_on_ranks_that_never_arrive(ctx):
         time.sleep(4.0)  # held past the deadline; then arrive as a late, healthy rank would
         got = agree_on_error(ctx, None, stranded_after=0.5)
         assert got is None  # the stranded rank said nothing: it is the one that ends the job
+
+
+def test_collective_stage_raises_the_first_failing_ranks_error_everywhere(ctx):
+    """The "capture, agree, re-raise" idiom: a failure on the last rank only is every rank's."""
+    with pytest.raises(ConfigError, match="boom") as e:
+        with collective_stage(ctx):
+            if ctx.rank == ctx.size - 1:
+                raise ConfigError("boom", "run.seed")
+    assert e.value.key == "run.seed"  # the key travels with the error to the other ranks
+    with collective_stage(ctx):  # nobody failed: nobody raises
+        pass
+    with pytest.raises(ValueError, match="converted"):
+        with collective_stage(ctx, convert=lambda err: ValueError(f"converted: {err}")):
+            if ctx.rank == 0:
+                raise OSError(28, "No space left on device")

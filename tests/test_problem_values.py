@@ -10,6 +10,8 @@ import pytest
 
 from hpcevo.problems import PROBLEMS, make_problem
 
+pytestmark = pytest.mark.single_process
+
 
 def f(name, x):
     x = jnp.asarray(x, jnp.float32)

@@ -32,6 +32,8 @@ from hpcevo.problems import (
 NAMES = sorted(PROBLEMS)
 DTYPES = ["float32", "float64"]
 
+pytestmark = pytest.mark.single_process
+
 
 def x64(dtype: str):
     return jax.enable_x64(dtype == "float64")
@@ -284,6 +286,7 @@ def _splits(n: int, plan: dict):
 @pytest.mark.parametrize("d_kind", DIMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_block_invariance_is_bitwise(name, dtype, d_kind):
     spec = PROBLEMS[name]
     d = max(1, spec.min_dim) if d_kind == "small" else d_kind

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import hpcevo
 from hpcevo import cli
 from hpcevo.algorithms import CSO, PSO
-from hpcevo.config import build_algorithm, build_problem, config_from_dict
+from hpcevo.config import config_from_dict
+from hpcevo.driver.build import build_algorithm, build_problem
 from hpcevo.errors import ConfigError
 from hpcevo.parallel import context_for
 from hpcevo.problems import create
-from hpcevo.workflow import Workflow, state_digest
 
 PROBLEM_FILE = textwrap.dedent(
     """
@@ -66,26 +67,26 @@ def problem_file(ctx, shared_tmp):
     return path
 
 
-def run(ctx, algo, problem, generations=6, every=4, seed=3):
-    wf = Workflow(algo, problem.evaluate, ctx)
-    for b in wf.run(seed, generations, every):
-        if b.generation == generations:
-            return state_digest(b.state), float(b.state.best_f)
+def run(ctx, algo, problem, generations=6, seed=3):
+    loop = hpcevo.Loop(algo, problem, ctx).compile(seed).init(seed).advance(generations - 1)
+    return [loop.digest(), loop.best_fitness]
 
 
 @pytest.mark.parametrize("attr,args,batched", [
     ("shifted_sphere", {"shift": 1.5, "scale": 2.0}, False),
     ("block_rastrigin", {}, True),
 ])
-def test_file_problem_bitwise_equal_to_one_rank(ctx, problem_file, attr, args, batched):
+@pytest.mark.slow
+def test_file_problem_bitwise_equal_to_one_rank(ctx, references, request, problem_file, attr, args, batched):
     p = create(f"{problem_file}:{attr}", 6, -4.0, 4.0, args)
     assert p.batched is batched and p.dim == 6 and p.num_objectives == 1
     algo = CSO(pop_size=13, dim=6, lb=p.lb, ub=p.ub)
     here = run(ctx, algo, p)
-    assert here == run(context_for(MPI.COMM_SELF), algo, p)
+    assert here == references.get(request, "run", lambda: here if ctx.size == 1 else run(context_for(MPI.COMM_SELF), algo, p))
     assert ctx.comm_ctl.allgather(here[0]) == [here[0]] * ctx.size
 
 
+@pytest.mark.single_process
 def test_values_args_and_bounds(problem_file):
     x = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, (5, 4)), jnp.float32)
     p = create(f"{problem_file}:shifted_sphere", 4, -1.0, [1.0, 2.0, 3.0, 4.0], {"shift": 0.5})
@@ -97,6 +98,7 @@ def test_values_args_and_bounds(problem_file):
     assert create(f"{problem_file}:Weighted", 4, -1.0, None, {}).lb == (-1.0,) * 4  # config wins
 
 
+@pytest.mark.single_process
 def test_how_batch_and_per_individual_are_told_apart(problem_file):
     # Undeclared: decided by shapes. A per-individual function is vmapped.
     assert create(f"{problem_file}:shifted_sphere", 3, -1.0, 1.0).batched is False
@@ -111,6 +113,7 @@ def test_how_batch_and_per_individual_are_told_apart(problem_file):
     assert create(f"{problem_file}:shifted_sphere", 2, -1.0, 1.0).batched is False
 
 
+@pytest.mark.single_process
 def test_module_path_problem(problem_file, monkeypatch):
     # Not syspath_prepend: it calls into pkg_resources, which setuptools >= 81 no longer ships.
     monkeypatch.setattr(sys, "path", [str(problem_file.parent), *sys.path])
@@ -131,7 +134,8 @@ def cfg_dict(name: str, **problem) -> dict:
 def build_error(data: dict) -> str:
     cfg = config_from_dict(data, "t.toml")  # validation alone does not import user code
     with pytest.raises(ConfigError) as e:
-        build_algorithm(cfg, build_problem(cfg, "t.toml"), "t.toml")
+        build_algorithm(cfg, build_problem(cfg))
+    assert str(e.value).startswith("t.toml: ")  # the message names where the config came from
     return str(e.value)
 
 
@@ -149,6 +153,7 @@ def build_error(data: dict) -> str:
     (":Weighted", {"dim": 4, "args": {"dim": 5}}, "problem.dim = 4 but the problem says its dim is 5"),
     (":shifted_sphere", {"lb": None}, "no lb: set problem.lb"),
 ])
+@pytest.mark.single_process
 def test_errors_name_the_problem_and_the_fix(problem_file, suffix, problem, expected):
     if suffix.startswith(":"):
         name = f"{problem_file}{suffix}"
@@ -165,6 +170,7 @@ def test_errors_name_the_problem_and_the_fix(problem_file, suffix, problem, expe
     assert "[problem]" in msg or "objectives" in msg
 
 
+@pytest.mark.single_process
 def test_broken_module_reports_where(ctx, shared_tmp):
     path = shared_tmp / "broken.py"
     if ctx.rank == 0:
@@ -175,6 +181,7 @@ def test_broken_module_reports_where(ctx, shared_tmp):
     assert "loading" in str(e.value) and "ZeroDivisionError" in str(e.value) and "line 3" in str(e.value)
 
 
+@pytest.mark.single_process
 def test_bad_name_forms():
     for name in ("mod:", ":f", "a b:f", "mod:f-g"):
         with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""The algorithm protocol every hpcevo algorithm follows.
+"""The algorithm protocol every hpcevo algorithm follows, and the base class they share.
 
 An algorithm is a frozen dataclass of static hyper-parameters (hashable, so it can be a static
 argument of ``jax.jit``) with pure functions over a pytree state:
@@ -11,12 +11,16 @@ Some algorithms evaluate a differently sized batch on their first generation (CS
 whole swarm once, then only the losers); they override ``init_ask``/``init_tell`` and
 ``num_init``. No MPI, no I/O, no host callbacks: the same code runs in a notebook and replicated
 on every MPI rank, where identical inputs give bitwise identical states.
+
+``Algorithm`` writes the protocol down, every optional member with its default; ``BaseAlgorithm``
+(pop_size, the search box, the default first generation, helpers) is what hpcevo's algorithms
+derive from, and what an algorithm of your own can derive from too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +28,56 @@ import jax.numpy as jnp
 State = Any
 
 
+@runtime_checkable
+class Algorithm(Protocol):
+    """What the loop relies on. Hyper-parameters are static: a new value is a new program."""
+
+    pop_size: int
+    dim: int
+    lb: tuple[float, ...]
+    ub: tuple[float, ...]
+    dtype: str
+    # ``tell`` takes (n, m) fitness for m objectives; single-objective algorithms take (n,).
+    multi_objective: ClassVar[bool] = False
+    # No rank holds the whole population: the generation runs block by block
+    # (``parallel.ShardedESStep``; OpenES, PGPE and SNES, which derive from ``_es.BlockedES``).
+    distributed: bool = False
+
+    @property
+    def num_init(self) -> int:
+        """Candidates evaluated in generation 1."""
+        ...
+
+    @property
+    def num_ask(self) -> int:
+        """Candidates evaluated in every later generation."""
+        ...
+
+    def init(self, key: jax.Array) -> State: ...
+
+    def ask(self, state: State) -> tuple[jax.Array, State]: ...
+
+    def tell(self, state: State, fitness: jax.Array) -> State: ...
+
+    def init_ask(self, state: State) -> tuple[jax.Array, State]:
+        """Generation 1's ask (default: ``ask``)."""
+        return self.ask(state)
+
+    def init_tell(self, state: State, fitness: jax.Array) -> State:
+        """Generation 1's tell (default: ``tell``)."""
+        return self.tell(state, fitness)
+
+    def population(self, state: State) -> tuple[jax.Array, jax.Array]:
+        """The current population and its fitness, ``(pop, dim)`` and ``(pop,)`` (``(pop, m)``
+        for m objectives). Strategies that keep a search distribution rather than a population
+        (CMA-ES, NES, OpenES, PGPE) have none: read their state's mean and step sizes."""
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps a search distribution, not a population: read its state "
+            "(e.g. state.mean) instead")
+
+
 @dataclasses.dataclass(frozen=True)
-class Algorithm:
+class BaseAlgorithm(Algorithm):
     """Base for algorithms: ``pop_size``, the search box, and the default first generation."""
 
     pop_size: int
@@ -33,9 +85,6 @@ class Algorithm:
     lb: tuple[float, ...]
     ub: tuple[float, ...]
     dtype: str = "float32"
-
-    # Whether ``tell`` takes (n, m) fitness for m objectives; single-objective ones take (n,).
-    multi_objective: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.pop_size < 1:
@@ -46,7 +95,7 @@ class Algorithm:
     # -- hyper-parameters that a config may set: the dataclass fields past the base ones --------
     @classmethod
     def hyper_parameters(cls) -> dict[str, dataclasses.Field]:
-        base = {f.name for f in dataclasses.fields(Algorithm)}
+        base = {f.name for f in dataclasses.fields(BaseAlgorithm)}
         return {f.name: f for f in dataclasses.fields(cls) if f.name not in base}
 
     # -- sizes of the batches handed to the evaluator ------------------------------------------
@@ -68,12 +117,6 @@ class Algorithm:
     def tell(self, state: State, fitness: jax.Array) -> State:
         raise NotImplementedError
 
-    def init_ask(self, state: State) -> tuple[jax.Array, State]:
-        return self.ask(state)
-
-    def init_tell(self, state: State, fitness: jax.Array) -> State:
-        return self.tell(state, fitness)
-
     # -- helpers -------------------------------------------------------------------------------
     def bounds(self) -> tuple[jax.Array, jax.Array]:
         return jnp.asarray(self.lb, self.dtype), jnp.asarray(self.ub, self.dtype)
@@ -93,7 +136,7 @@ class Algorithm:
 
 
 @dataclasses.dataclass(frozen=True)
-class MultiObjectiveAlgorithm(Algorithm):
+class MultiObjectiveAlgorithm(BaseAlgorithm):
     """Base for algorithms whose fitness has shape (n, num_objectives), all minimised.
 
     ``num_objectives`` comes from the problem, not from the config (it is not a
@@ -116,4 +159,4 @@ class MultiObjectiveAlgorithm(Algorithm):
         return fields
 
     def population(self, state: State) -> tuple[jax.Array, jax.Array]:
-        raise NotImplementedError
+        raise NotImplementedError  # each multi-objective algorithm has one

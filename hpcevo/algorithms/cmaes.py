@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class CMAState(NamedTuple):
@@ -65,7 +65,7 @@ class CMAState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _CMABase(Algorithm):
+class _CMABase(BaseAlgorithm):
     sigma_init: float = 0.3
     restart: Literal["none", "ipop"] = "none"
     lambda0: int = 0  # first lambda with restart = "ipop"; 0: 4 + floor(3 ln n) [H16, Eq. 48]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class CSOState(NamedTuple):
@@ -35,7 +35,7 @@ class CSOState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class CSO(Algorithm):
+class CSO(BaseAlgorithm):
     """Competitive Swarm Optimizer (Cheng & Jin 2015).
 
     phi: weight of the swarm-mean term. The paper uses phi = 0 for small swarms and raises it
@@ -103,6 +103,10 @@ class CSO(Algorithm):
             losers=losers.astype(jnp.int32),
         )
         return x_new, state
+
+    def population(self, state: CSOState) -> tuple[jax.Array, jax.Array]:
+        """The swarm's positions and their fitness."""
+        return state.position, state.fitness
 
     def tell(self, state: CSOState, fitness: jax.Array) -> CSOState:
         return state._replace(fitness=state.fitness.at[state.losers].set(fitness.astype(state.fitness.dtype)))

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 def _skip(r: jax.Array, excluded: jax.Array) -> jax.Array:
@@ -81,7 +81,7 @@ class JADEState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _DEBase(Algorithm):
+class _DEBase(BaseAlgorithm):
     def _repair(self, mutant: jax.Array, parent: jax.Array) -> jax.Array:
         lb, ub = self.bounds()
         mutant = jnp.where(mutant < lb, (lb + parent) / 2, mutant)
@@ -97,6 +97,10 @@ class _DEBase(Algorithm):
 
     def init_tell(self, state, fitness):
         return state._replace(fitness=fitness.astype(self.dtype))
+
+    def population(self, state) -> tuple[jax.Array, jax.Array]:
+        """The population and its fitness (the trial vectors are not part of it)."""
+        return state.population, state.fitness
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 def _spread(u: jax.Array, beta: jax.Array, eta: float) -> jax.Array:
@@ -90,7 +90,7 @@ class GAState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class GA(Algorithm):
+class GA(BaseAlgorithm):
     """Real-coded GA with SBX and polynomial mutation ([DA95], [DG96]; defaults from [DPAM02])."""
 
     tournament: int = 2
@@ -133,6 +133,10 @@ class GA(Algorithm):
         children = jnp.concatenate([c1, c2])[: self.pop_size]
         children = polynomial_mutation(k_m, children, lb, ub, self.eta_m, self.mutation_rate / self.dim)
         return children, state._replace(key=key, children=children)
+
+    def population(self, state: GAState) -> tuple[jax.Array, jax.Array]:
+        """The parents of the next generation and their fitness."""
+        return state.population, state.fitness
 
     def tell(self, state: GAState, fitness: jax.Array) -> GAState:
         fitness = fitness.astype(self.dtype)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._mo import das_dennis
+from .mo import das_dennis
 from .base import MultiObjectiveAlgorithm
 from .ga import check_variation, polynomial_mutation, sbx
 

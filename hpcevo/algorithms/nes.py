@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import expm
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class SNESState(NamedTuple):
@@ -45,7 +45,7 @@ class XNESState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _NESBase(Algorithm):
+class _NESBase(BaseAlgorithm):
     sigma_init: float = 0.3
     eta_mu: float = 1.0
     eta_sigma: float = 0.0  # 0: the [W14, Table 1] default

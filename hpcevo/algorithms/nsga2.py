@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._mo import crowded_order, crowding_distance, non_dominated_rank
+from .mo import crowded_order, crowding_distance, non_dominated_rank
 from .base import MultiObjectiveAlgorithm
 from .ga import check_variation, polynomial_mutation, sbx
 

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class OpenESState(NamedTuple):
@@ -44,7 +44,7 @@ class OpenESState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenES(_es.MirroredES, Algorithm):
+class OpenES(_es.MirroredES, BaseAlgorithm):
     """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
 
     sigma_init: float = 0.02

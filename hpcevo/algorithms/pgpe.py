@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _es
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class PGPEState(NamedTuple):
@@ -46,7 +46,7 @@ class PGPEState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class PGPE(_es.MirroredES, Algorithm):
+class PGPE(_es.MirroredES, BaseAlgorithm):
     """PGPE with symmetric sampling [S10]; ``optimizer = "clipup"`` for ClipUp on the mean [T20]."""
 
     sigma_init: float = 0.1

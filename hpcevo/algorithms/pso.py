@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .base import Algorithm
+from .base import BaseAlgorithm
 
 
 class PSOState(NamedTuple):
@@ -40,7 +40,7 @@ class PSOState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class PSO(Algorithm):
+class PSO(BaseAlgorithm):
     """Global-best PSO with inertia weight (Shi & Eberhart 1998)."""
 
     w: float = 0.7298
@@ -80,6 +80,10 @@ class PSO(Algorithm):
     def ask(self, state: PSOState) -> tuple[jax.Array, PSOState]:
         return state.position, state
 
+    def population(self, state: PSOState) -> tuple[jax.Array, jax.Array]:
+        """Each particle's personal best and its fitness (the positions are yet to be evaluated)."""
+        return state.pbest_position, state.pbest_fitness
+
     def tell(self, state: PSOState, fitness: jax.Array) -> PSOState:
         fitness = fitness.astype(state.pbest_fitness.dtype)
         improved = fitness < state.pbest_fitness
@@ -113,7 +117,7 @@ class SLPSOState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class SLPSO(Algorithm):
+class SLPSO(BaseAlgorithm):
     """Social learning PSO.
 
     R. Cheng and Y. Jin, "A social learning particle swarm optimization algorithm for scalable
@@ -174,6 +178,10 @@ class SLPSO(Algorithm):
         dx = jnp.where(learns, new_dx, dx)
         x = jnp.where(learns, self.clip_to_box(x + new_dx), x)
         return x, state._replace(key=key, position=x, delta=dx)
+
+    def population(self, state: SLPSOState) -> tuple[jax.Array, jax.Array]:
+        """The swarm and its fitness."""
+        return state.position, state.fitness
 
     def tell(self, state: SLPSOState, fitness: jax.Array) -> SLPSOState:
         return state._replace(fitness=fitness.astype(self.dtype))

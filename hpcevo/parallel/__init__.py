@@ -1,5 +1,9 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control,
-and host evaluation (tasks over ranks and threads, gathered by index)."""
+and host evaluation (tasks over ranks and threads, gathered by index).
+
+``init()`` gives a program its ``ParallelContext``: ``rank``, ``size``, ``local_rank``,
+``device``, ``hosts``, and ``print`` (rank 0 only).
+"""
 
 from .binding import Binding, Probe, Request, cpu_list, decide
 from .context import ParallelContext, bind, context_for, discover, mpi_library
@@ -11,11 +15,13 @@ from .control import (
     barrier,
     bcast_from_root,
     check_replicas,
+    collective_stage,
     gather_to_root,
 )
 from .es import ShardedESStep
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 from .host import TaskRunner, allgather_rows
+from .job import init
 
 __all__ = [
     "Binding",
@@ -30,11 +36,13 @@ __all__ = [
     "bcast_from_root",
     "bind",
     "check_replicas",
+    "collective_stage",
     "context_for",
     "cpu_list",
     "decide",
     "discover",
     "gather_to_root",
+    "init",
     "mpi_library",
     "ShardedESStep",
     "ShardedEvaluator",

@@ -1,9 +1,12 @@
 """Who am I in the job, and which device is mine.
 
+``parallel.init()`` (``job.py``) is the way in for a program: this process's
+``ParallelContext`` (rank, size, local rank, device, hosts), bound to its device. Under it,
 ``discover()`` initialises MPI and finds rank, size, and what every rank on this node sees
-(``binding.probe``). ``bind()`` must run before JAX creates its backend (the first array or
-device query): it applies ``binding.decide``: hides all GPUs but this rank's own from JAX, or,
-on CPU nodes, caps XLA's thread pool so N ranks on C cores do not each spawn C threads and fight.
+(``binding.probe``); ``bind()`` must run before
+JAX creates its backend (the first array or device query): it applies ``binding.decide``: hides
+all GPUs but this rank's own from JAX, or, on CPU nodes, caps XLA's thread pool so N ranks on C
+cores do not each spawn C threads and fight.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from .binding import Binding, Probe, Request, decide, probe, resolve_local_rank
 
 @dataclasses.dataclass
 class ParallelContext:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    host: str
-    local_rank_source: str
+    """This rank's place in the job. The same on every rank but for the rank's own fields."""
+
+    rank: int  # 0 .. size - 1
+    size: int  # ranks in the job (in the communicator this context was made for)
+    local_rank: int  # this rank's number on its node (see binding.resolve_local_rank)
+    local_size: int  # ranks on this node
+    host: str  # this rank's host name
+    local_rank_source: str  # where local_rank came from (a launcher variable, or the communicator)
     comm_jax: Any  # for mpi4jax ops inside jitted code only
     comm_ctl: Any  # for Python-side control (agreement, digests, metadata)
     node_probes: tuple[Probe, ...] = ()  # what each rank on this node saw, in node order
@@ -31,10 +36,22 @@ class ParallelContext:
     device_kind: str = "unbound"  # "cpu" | "gpu" after bind()
     device: str = ""  # human-readable: "cpu, 2 threads", "cuda:1"
     binding: Binding | None = None
+    rank_hosts: tuple[str, ...] = ()  # the host of every rank, in rank order
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    @property
+    def hosts(self) -> list[str]:
+        """The job's host names, each once, sorted."""
+        return sorted(set(self.rank_hosts))
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (flushed): one line per job, not one per rank."""
+        if self.is_root:
+            kwargs.setdefault("flush", True)
+            print(*args, **kwargs)
 
     def abort(self, code: int) -> None:
         """End the whole job now. With one rank a plain exit is cleaner than MPI_Abort's banner."""
@@ -68,17 +85,19 @@ def context_for(comm: Any) -> ParallelContext:
     index = shared.rank
     shared.Free()
     local_rank, source = resolve_local_rank(probes, index)
+    host = MPI.Get_processor_name()
     ctx = ParallelContext(
         rank=comm.rank,
         size=comm.size,
         local_rank=local_rank,
         local_size=len(probes),
-        host=MPI.Get_processor_name(),
+        host=host,
         local_rank_source=source,
         comm_jax=comm.Clone(),
         comm_ctl=comm.Clone(),
         node_probes=probes,
         node_index=index,
+        rank_hosts=tuple(comm.allgather(host)),
     )
     if _CONTEXT is not None:  # binding is per process: a later context inherits it
         ctx.device_kind, ctx.device, ctx.binding = _CONTEXT.device_kind, _CONTEXT.device, _CONTEXT.binding

@@ -9,7 +9,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -47,7 +47,8 @@ def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
                     error.stranded = True
                     return error
                 time.sleep(0.005)
-    report = None if error is None else (type(error).__name__, str(error))
+    # (type, message, the config key of a ConfigError): what it takes to raise it again elsewhere
+    report = None if error is None else (type(error).__name__, str(error), getattr(error, "key", ""))
     reports = ctx.comm_ctl.allgather(report)
     for r, rep in enumerate(reports):
         if rep is not None:
@@ -57,14 +58,43 @@ def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
     return None
 
 
-def _rebuild(report: tuple[str, str], origin: int, me: int) -> BaseException:
+@contextlib.contextmanager
+def collective_stage(ctx: ParallelContext, *, stranded_after: float | None = None,
+                     convert: Callable[[BaseException], BaseException] | None = None,
+                     catch: type[BaseException] | tuple[type[BaseException], ...] = Exception) -> Iterator[None]:
+    """Capture, agree, re-raise: the block may fail on some ranks only; afterwards every rank
+    raises the first failing rank's error (``convert(error)`` when given), or none does.
+
+        with collective_stage(ctx):
+            if ctx.is_root:
+                prepare_directory()        # an OSError on rank 0 reaches every rank
+
+    The block's exception (of the ``catch`` types; others propagate on their own rank, as bugs
+    do, to end the job) is caught and shared with ``agree_on_error`` (``stranded_after``: see
+    there). Put a collective after the block, never inside it: a rank whose block failed early
+    skips what follows in the block.
+    """
+    error: BaseException | None = None
+    try:
+        yield
+    except catch as e:  # any failure of these kinds must reach the other ranks
+        error = e
+    error = agree_on_error(ctx, error, stranded_after=stranded_after)
+    if error is not None:
+        raise convert(error) if convert is not None else error
+
+
+def _rebuild(report: tuple[str, str, str], origin: int, me: int) -> BaseException:
     from .. import errors
 
-    cls = getattr(errors, report[0], None)
+    name, text, key = report
+    cls = getattr(errors, name, None)
     if not (isinstance(cls, type) and issubclass(cls, BaseException)):
         cls = RuntimeError
-    message = report[1] if origin == me else f"{report[1]} (reported by rank {origin})"
-    return cls(message)
+    error = cls(text if origin == me else f"{text} (reported by rank {origin})")
+    if key:
+        error.key = key
+    return error
 
 
 def check_replicas(ctx: ParallelContext, fingerprint: np.ndarray, generation: int) -> None:

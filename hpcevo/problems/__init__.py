@@ -15,15 +15,18 @@ user's own problem by import path (``package.module:function`` or ``path/file.py
 
 Host problems (``host.py``) are not JAX: a NumPy function by import path (``host = True``) or an
 external command (``command``). They carry ``host = True`` and ``evaluate_rows`` instead of
-``evaluate``, and run under ``hpcevo.host_workflow.HostWorkflow``.
+``evaluate``, and run under ``hpcevo.driver.host_engine.HostEngine``.
+
+The protocols every problem follows, with the defaults of their optional members: ``base.py``.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from ..errors import did_you_mean
 from . import numerical
+from .base import HostProblem, Problem
 from .cec2022 import NAMES as CEC2022_NAMES
 from .multiobjective import MO_PROBLEMS, MOProblem, make_mo_problem
 from .numerical import (
@@ -38,21 +41,23 @@ from .numerical import (
     schwefel,
     sphere,
 )
-from .user import is_import_path
+from .user import is_held_name, is_import_path
 
 __all__ = [
     "CEC2022_NAMES",
+    "HostProblem",
+    "Problem",
     "MO_PROBLEMS",
     "MOProblem",
     "PROBLEMS",
     "NumericalProblem",
     "ProblemSpec",
     "ackley",
+    "as_problem",
     "create",
     "ellipsoid",
     "griewank",
     "is_deferred",
-    "is_host",
     "make_problem",
     "rastrigin",
     "rosenbrock",
@@ -62,8 +67,7 @@ __all__ = [
 
 
 def _unknown_name(name: object) -> ValueError:
-    near = difflib.get_close_matches(str(name), [*PROBLEMS, *MO_PROBLEMS], n=1)
-    hint = f"; did you mean '{near[0]}'?" if near else ""
+    hint = did_you_mean(name, [*PROBLEMS, *MO_PROBLEMS])
     return ValueError(f"unknown problem {name!r}{hint} (valid: {', '.join(sorted(PROBLEMS))}; "
                       f"multi-objective: {', '.join(MO_PROBLEMS)})")
 
@@ -84,13 +88,8 @@ def make_problem(name: str, dim: int, lb=None, ub=None, objectives: int | None =
 def is_deferred(name: str) -> bool:
     """Problems whose construction imports user code or an environment library, which may touch
     JAX's backend: they are built once the rank is bound to its device, not while a config is
-    only being validated."""
-    return is_import_path(name) or name == "neuro"
-
-
-def is_host(name: str, host: bool | None = None) -> bool:
-    """Whether the problem is evaluated on the host, outside JAX (see ``host.py``)."""
-    return name == "command" or bool(host)
+    only being validated (and a problem object held in Python, which only Python can supply)."""
+    return is_import_path(name) or name == "neuro" or is_held_name(name)
 
 
 def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
@@ -98,6 +97,9 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
            objectives: int | None = None):
     """The problem the config's ``[problem]`` section describes; ``ValueError`` for bad input."""
     args = dict(args or {})
+    if is_held_name(name):
+        raise ValueError(f"{name} was a Python object handed to hpcevo.run(problem=...): only Python can "
+                         "run it (or resume its run) again, passing the same object")
     if objectives is not None and name not in MO_PROBLEMS:
         raise ValueError(f"{name}: problem.objectives applies to the scalable multi-objective problems "
                          f"({', '.join(n for n in MO_PROBLEMS if n.startswith('dtlz'))}), not to this one")
@@ -138,3 +140,21 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
     if dim is None:
         raise ValueError(f"{name}: problem.dim is required")
     return make_problem(name, dim, lb, ub)
+
+
+def as_problem(obj: Any, dim: int | None = None, lb=None, ub=None, *, host: bool = False,
+               batched: bool | None = None, dtype: str = "float32", fallback: tuple = (None, None, None)):
+    """A problem held in Python, checked and ready for a loop: a ``Problem`` or ``HostProblem``
+    object as it is (when the config does not change its dim or bounds); a JAX function (or
+    object with ``evaluate``) wrapped like a problem named by import path (``user.py``); with
+    ``host``, a NumPy function wrapped like a host problem (``host.py``). ``dim``, ``lb``,
+    ``ub`` come first (the config's), then the object's attributes, then ``fallback`` (an
+    algorithm's). ValueError names what is wrong."""
+    from .host import host_from_object
+    from .user import from_object
+
+    if host or isinstance(obj, HostProblem):
+        return host_from_object(obj, dim, lb, ub, batched, fallback)
+    if isinstance(obj, Problem) and dim in (None, obj.dim) and lb is None and ub is None and batched is None:
+        return obj
+    return from_object(obj, dim, lb, ub, batched, dtype, fallback)

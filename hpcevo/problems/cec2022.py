@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .base import Problem
 from .numerical import _bounds, _fence, _prod, _square, _sum
 
 Array = jax.Array
@@ -336,7 +337,7 @@ NAMES = tuple(f"cec2022_f{i}" for i in range(1, 13))
 
 
 @dataclass(frozen=True, eq=False)
-class CEC2022Problem:
+class CEC2022Problem(Problem):
     """CEC 2022 function ``number`` (1-12) in ``dim`` (10 or 20) dimensions, box [-100, 100]."""
 
     number: int

@@ -1,6 +1,6 @@
 """Host problems: a NumPy function, or an external command (a simulator), evaluated outside JAX.
 
-Both are evaluated by ``hpcevo.host_workflow.HostWorkflow``: the algorithm runs jitted and
+Both are evaluated by ``hpcevo.driver.host_engine.HostEngine``: the algorithm runs jitted and
 replicated as always; the candidates come to the host, each rank evaluates its share with
 ``evaluation.concurrency`` evaluations at a time, and the values are gathered by index.
 
@@ -67,8 +67,9 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from .base import HostProblem
 from .numerical import _bounds
-from .user import _exc, _fail, _where_in, resolve
+from .user import Resolved, _exc, _fail, _where_in, held_name, resolve, resolve_object
 
 Failures = list[tuple[int, str]]
 PLACEHOLDERS = ("input", "output", "dir", "index", "generation", "dim")
@@ -82,7 +83,7 @@ def _rows_failed(m: int, reason: str) -> tuple[np.ndarray, Failures]:
 
 
 @dataclass(frozen=True, eq=False)
-class CallableProblem:
+class CallableProblem(HostProblem):
     """A NumPy function (see the module docstring); ``batched``: takes a block, not one row."""
 
     name: str
@@ -96,7 +97,7 @@ class CallableProblem:
 
     @property
     def rows_per_call(self) -> int | None:
-        """Rows one call takes: None = a slice of the workflow's choosing, 1 = one candidate."""
+        """Rows one call takes: None = a slice of the engine's choosing, 1 = one candidate."""
         return None if self.batched else 1
 
     def evaluate_rows(self, x: np.ndarray, first: int, generation: int) -> tuple[np.ndarray, Failures]:
@@ -131,7 +132,7 @@ class CallableProblem:
 
 
 @dataclass(eq=False)
-class CommandProblem:
+class CommandProblem(HostProblem):
     """An external command evaluated once per candidate (see the module docstring)."""
 
     name: str
@@ -351,9 +352,21 @@ def load_host_callable(name: str, dim: int | None, lb, ub, args: dict[str, Any],
                        batched: bool | None = None) -> CallableProblem:
     """A NumPy function by import path (checked like a JAX problem's, but never called here:
     a host function may be expensive, and JAX cannot trace it)."""
-    fn, meta, dim, lbs, ubs, m = resolve(name, dim, lb, ub, args)
-    if m != 1:
-        raise _fail(name, f"host problems have one objective for now; it declares num_objectives = {m}")
+    return _callable_problem(name, resolve(name, dim, lb, ub, args), batched)
+
+
+def host_from_object(obj: Any, dim: int | None, lb, ub, batched: bool | None = None,
+                     fallback: tuple = (None, None, None)) -> HostProblem:
+    """A NumPy function held in Python; a ``HostProblem`` object is taken as it is."""
+    if isinstance(obj, HostProblem):
+        return obj
+    name = held_name(obj)
+    return _callable_problem(name, resolve_object(name, obj, dim, lb, ub, {}, fallback), batched)
+
+
+def _callable_problem(name: str, r: Resolved, batched: bool | None) -> CallableProblem:
+    if r.num_objectives != 1:
+        raise _fail(name, f"host problems have one objective for now; it declares num_objectives = {r.num_objectives}")
     if batched is None:
-        batched = getattr(meta, "batched", True)
-    return CallableProblem(name, dim, lbs, ubs, fn, bool(batched))
+        batched = getattr(r.meta, "batched", True)
+    return CallableProblem(name, r.dim, r.lb, r.ub, r.fn, bool(batched))

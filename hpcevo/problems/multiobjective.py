@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..algorithms._mo import das_dennis
+from ..algorithms.mo import das_dennis
+from .base import Problem
 
 Array = jax.Array
 HALF_PI = math.pi / 2
@@ -258,7 +259,7 @@ DTLZ_DEFAULT_OBJECTIVES = 3
 
 
 @dataclass(frozen=True)
-class MOProblem:
+class MOProblem(Problem):
     """One multi-objective benchmark instance. Hashable (a jit static arg)."""
 
     name: str

@@ -10,7 +10,7 @@ Determinism: the episodes' keys depend on ``seed`` and the generation number onl
 candidate's position or the rank that evaluates it, so every rank count gives the same returns.
 All candidates of one generation meet the same episodes (common random numbers: their ranking
 compares policies, not luck), and each generation draws new ones, so a policy cannot fit a fixed
-set of initial states. The workflow passes the generation number (see ``Workflow``).
+set of initial states. The loop passes the generation number (``Problem.wants_generation``).
 
 Environments: gymnax [Lange22] (R. T. Lange, "gymnax: A JAX-based Reinforcement Learning
 Environment Library", 2022, github.com/RobertTLange/gymnax), installed with
@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..errors import did_you_mean
+from .base import Problem
 from .numerical import _bounds
 
 ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu, "elu": jax.nn.elu, "gelu": jax.nn.gelu,
@@ -50,7 +52,7 @@ def _gymnax():
 
 
 @dataclass(frozen=True, eq=False)
-class NeuroProblem:
+class NeuroProblem(Problem):
     env_id: str
     layers: tuple[int, ...]  # observation size, hidden sizes..., output size
     activation: str
@@ -148,10 +150,7 @@ def make_neuro(dim: int | None, lb, ub, args: dict[str, Any]) -> NeuroProblem:
     gymnax = _gymnax()
     env_id = a["env"]
     if env_id not in gymnax.registered_envs:
-        import difflib
-
-        close = difflib.get_close_matches(str(env_id), gymnax.registered_envs, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(env_id, gymnax.registered_envs)
         raise ValueError(f"neuro: unknown gymnax environment {env_id!r}{hint} (e.g. CartPole-v1, "
                          "Acrobot-v1, Pendulum-v1, MountainCarContinuous-v0)")
     env, env_params = gymnax.make(env_id)

@@ -26,13 +26,15 @@ References:
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+
+from ..errors import did_you_mean
+from .base import Problem
 
 Array = jax.Array
 BoundsLike = Union[float, int, Sequence[float], None]
@@ -255,9 +257,7 @@ PROBLEMS: dict[str, ProblemSpec] = {
 
 def _unknown_name(name: object) -> ValueError:
     valid = sorted(PROBLEMS)
-    near = difflib.get_close_matches(str(name), valid, n=1)
-    hint = f"; did you mean '{near[0]}'?" if near else ""
-    return ValueError(f"unknown problem {name!r}{hint} (valid: {', '.join(valid)})")
+    return ValueError(f"unknown problem {name!r}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
 
 
 def _bounds(name: str, which: str, value: BoundsLike, default: float, dim: int) -> tuple[float, ...]:
@@ -284,7 +284,7 @@ def _bounds(name: str, which: str, value: BoundsLike, default: float, dim: int) 
 
 
 @dataclass(frozen=True)
-class NumericalProblem:
+class NumericalProblem(Problem):
     """One benchmark instance: name, dimension and search box. Hashable (a jit static arg)."""
 
     name: str

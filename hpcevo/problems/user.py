@@ -20,7 +20,13 @@ used as a batch function, which gives the same values.
 
 Optional attributes of the function or instance: ``dim`` (must agree with ``problem.dim``),
 ``lb`` / ``ub`` (a number or one per coordinate; ``problem.lb`` / ``problem.ub`` win),
-``num_objectives`` (default 1: one value per candidate; m > 1: ``(n, m)`` / ``(m,)``).
+``num_objectives`` (default 1: one value per candidate; m > 1: ``(n, m)`` / ``(m,)``), and the
+other optional members of ``problems.base.Problem`` (``wants_generation``, ``block_invariant``,
+``pareto_front``, ``default_ref_point``).
+
+A function or problem object held in Python (``hpcevo.run(cfg, problem=f)``) goes through the
+same checks (``from_object``); its name in the resolved config is ``held_name(f)``, which only
+Python can run again.
 
 Every mistake (a missing file or module, a missing attribute, arguments the function does not
 take, a wrong output shape, an exception while tracing) raises ``ValueError`` with one message
@@ -29,7 +35,6 @@ that names the problem; the config layer turns it into ``ConfigError`` (exit 2).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import importlib
@@ -44,30 +49,64 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ..errors import did_you_mean
+from .base import Problem
 from .numerical import _bounds
+
+HELD_PREFIX = "<python: "
 
 
 def is_import_path(name: str) -> bool:
-    return ":" in name
+    return ":" in name and not is_held_name(name)
+
+
+def held_name(obj: Any) -> str:
+    """The name a problem (or algorithm) object held in Python gets in a resolved config."""
+    what = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    return f"{HELD_PREFIX}{getattr(what, '__module__', '?')}.{getattr(what, '__qualname__', repr(what))}>"
+
+
+def is_held_name(name: str) -> bool:
+    return name.startswith(HELD_PREFIX)
 
 
 @dataclass(frozen=True, eq=False)
-class UserProblem:
-    """A user's function, vectorised when it is per-individual; ``evaluate: (n, dim) -> (n,)``."""
+class UserProblem(Problem):
+    """A user's function, vectorised when it is per-individual; ``evaluate: (n, dim) -> (n,)``.
+
+    ``meta``: the object that carried the function's attributes (the function itself, or the
+    instance of a class); its ``pareto_front`` and ``default_ref_point``, if any, are used.
+    """
 
     name: str
     dim: int
     lb: tuple[float, ...]
     ub: tuple[float, ...]
-    fn: Callable[[jax.Array], jax.Array]
+    fn: Callable[..., jax.Array]
     batched: bool
     num_objectives: int = 1
+    wants_generation: bool = False
+    block_invariant: bool = False
+    meta: Any = None
 
-    def evaluate(self, x) -> jax.Array:
-        return self.fn(x) if self.batched else jax.vmap(self.fn)(x)
+    def evaluate(self, x, *generation) -> jax.Array:
+        if self.batched:
+            return self.fn(x, *generation)
+        if not generation:
+            return jax.vmap(self.fn)(x)
+        return jax.vmap(lambda row: self.fn(row, *generation))(x)
 
     __call__ = evaluate
+
+    def pareto_front(self) -> np.ndarray | None:
+        front = getattr(self.meta, "pareto_front", None)
+        return None if front is None else front()
+
+    def default_ref_point(self) -> np.ndarray | None:
+        ref = getattr(self.meta, "default_ref_point", None)
+        return None if ref is None else ref()
 
 
 def _fail(name: str, text: str) -> ValueError:
@@ -130,9 +169,7 @@ def _attribute(name: str, module, target: str, attr: str):
         if not hasattr(obj, part):
             where = ".".join(attr.split(".")[:i]) or target
             public = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, public, n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise _fail(name, f"'{where}' has no attribute '{part}'{hint}")
+            raise _fail(name, f"'{where}' has no attribute '{part}'{did_you_mean(part, public)}")
         obj = getattr(obj, part)
     return obj
 
@@ -186,10 +223,12 @@ def _shape_of(fn, shape, dtype):
     return out.shape, None
 
 
-def _detect_batched(name: str, fn, dim: int, m: int, dtype, declared: bool | None) -> bool:
+def _detect_batched(name: str, fn, dim: int, m: int, dtype, declared: bool | None, wants_generation: bool) -> bool:
     tail = () if m == 1 else (m,)
     n = 3 if dim == 2 else 2
     want = f"{tail}" if m > 1 else "()"
+    if wants_generation:  # probe it as the loop calls it
+        fn = functools.partial(lambda f, x: f(x, jnp.int32(1)), fn)
     if declared is not True:
         single, why_single = _shape_of(fn, (dim,), dtype)
     if declared is not False:
@@ -214,55 +253,95 @@ def _detect_batched(name: str, fn, dim: int, m: int, dtype, declared: bool | Non
                       f"{block_got}{objectives}")
 
 
-def resolve(name: str, dim: int | None, lb, ub, args: dict[str, Any]):
-    """Import and instantiate the problem ``name``; check its dim, bounds and objectives.
+@dataclass(frozen=True)
+class Resolved:
+    """A problem's function and checked attributes (shared by JAX and host problems)."""
 
-    Returns ``(fn, meta, dim, lb, ub, num_objectives)``: the function to call, the object that
-    carries its attributes (the function or the instance), and the checked values. Shared by
-    JAX problems (below) and host problems (``host.py``), which only differ in how ``fn`` runs.
-    """
+    fn: Callable[..., Any]  # what to call
+    meta: Any  # what carries its attributes: the function, or the instance of a class
+    dim: int
+    lb: tuple[float, ...]
+    ub: tuple[float, ...]
+    num_objectives: int
+
+
+def resolve(name: str, dim: int | None, lb, ub, args: dict[str, Any]) -> Resolved:
+    """Import the problem ``name`` (``module:attribute``, ``file.py:attribute``), instantiate it
+    if it is a class, and check it (``resolve_object``)."""
     target, _, attr = name.rpartition(":")
     if not target or not attr or not all(p.isidentifier() for p in attr.split(".")):
         raise _fail(name, "expected 'package.module:function' or 'path/to/file.py:function'")
     obj = _attribute(name, _load_module(name, target), target, attr)
+    return resolve_object(name, obj, dim, lb, ub, args, what=f"'{attr}'")
+
+
+def resolve_object(name: str, obj: Any, dim: int | None, lb, ub, args: dict[str, Any],
+                   fallback: tuple = (None, None, None), what: str = "it") -> Resolved:
+    """Check a problem given as a function, a class (instantiated here with ``args``) or an
+    object with an ``evaluate`` method: its dim, bounds and objectives. The config's values
+    (``dim``, ``lb``, ``ub``) come first, then the object's attributes, then ``fallback`` (the
+    dim and bounds of an algorithm object handed over with it)."""
     if isinstance(obj, type):
         meta, fn = _instantiate(name, obj, args, dim)
+    elif hasattr(obj, "evaluate") and not inspect.isroutine(obj):
+        if args:
+            raise _fail(name, f"[problem.args] do not apply to a problem object ({', '.join(sorted(args))})")
+        meta, fn = obj, obj.evaluate
     elif callable(obj):
         _check_args(name, obj, args, (None,))
         meta, fn = obj, (functools.partial(obj, **args) if args else obj)
     else:
-        raise _fail(name, f"'{attr}' is a {type(obj).__name__}, not a function or a class")
-
-    own_dim = getattr(meta, "dim", None)
-    if own_dim is not None and dim is not None and own_dim != dim:
-        raise _fail(name, f"problem.dim = {dim} but the problem says its dim is {own_dim}")
-    dim = dim if dim is not None else own_dim
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise _fail(name, "set problem.dim (a positive integer), or give the problem a dim attribute"
-                    if dim is None else f"dim must be a positive integer, got {dim!r}")
+        raise _fail(name, f"{what} is a {type(obj).__name__}, not a function or a class")
+    dim = _checked_dim(name, dim, getattr(meta, "dim", None), fallback[0])
     m = getattr(meta, "num_objectives", 1)
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise _fail(name, f"num_objectives must be a positive integer, got {m!r}")
-    bounds = []
-    for which, given in (("lb", lb), ("ub", ub)):
-        value = given if given is not None else getattr(meta, which, None)
-        if value is None:
-            raise _fail(name, f"no {which}: set problem.{which} (a number or one per coordinate), "
-                              f"or give the problem an {which} attribute")
-        bounds.append(_bounds(name, which, value, 0.0, dim))
-        if not all(math.isfinite(v) for v in bounds[-1]):
-            raise _fail(name, f"{which} must be finite, got {value!r}")
-    for i, (lo, hi) in enumerate(zip(*bounds)):
+    lbs, ubs = (_checked_bounds(name, which, given, getattr(meta, which, None), extra, dim)
+                for which, given, extra in (("lb", lb, fallback[1]), ("ub", ub, fallback[2])))
+    for i, (lo, hi) in enumerate(zip(lbs, ubs)):
         if not lo < hi:
             raise _fail(name, f"lb must be < ub in every coordinate, but at coordinate {i} lb = {lo} and ub = {hi}")
-    return fn, meta, dim, bounds[0], bounds[1], m
+    return Resolved(fn, meta, dim, lbs, ubs, m)
+
+
+def _checked_dim(name: str, given: int | None, own: int | None, fallback: int | None) -> int:
+    if own is not None and given is not None and own != given:
+        raise _fail(name, f"problem.dim = {given} but the problem says its dim is {own}")
+    dim = next((d for d in (given, own, fallback) if d is not None), None)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise _fail(name, "set problem.dim (a positive integer), or give the problem a dim attribute"
+                    if dim is None else f"dim must be a positive integer, got {dim!r}")
+    return dim
+
+
+def _checked_bounds(name: str, which: str, given, own, fallback, dim: int) -> tuple[float, ...]:
+    value = next((v for v in (given, own, fallback) if v is not None), None)
+    if value is None:
+        raise _fail(name, f"no {which}: set problem.{which} (a number or one per coordinate), "
+                          f"or give the problem an {which} attribute")
+    bounds = _bounds(name, which, value, 0.0, dim)
+    if not all(math.isfinite(v) for v in bounds):
+        raise _fail(name, f"{which} must be finite, got {value!r}")
+    return bounds
 
 
 def load_user_problem(name: str, dim: int | None, lb, ub, args: dict[str, Any],
                       batched: bool | None = None, dtype: str = "float32") -> UserProblem:
     """Import, instantiate and check the problem ``name`` (see the module docstring)."""
-    fn, meta, dim, lb, ub, m = resolve(name, dim, lb, ub, args)
+    return _user_problem(name, resolve(name, dim, lb, ub, args), batched, dtype)
+
+
+def from_object(obj: Any, dim: int | None, lb, ub, batched: bool | None = None, dtype: str = "float32",
+                fallback: tuple = (None, None, None)) -> UserProblem:
+    """A JAX function or problem object held in Python, checked as one named by import path."""
+    name = held_name(obj)
+    return _user_problem(name, resolve_object(name, obj, dim, lb, ub, {}, fallback), batched, dtype)
+
+
+def _user_problem(name: str, r: Resolved, batched: bool | None, dtype: str) -> UserProblem:
     if batched is None:
-        batched = getattr(meta, "batched", None)
-    is_batched = _detect_batched(name, fn, dim, m, jnp.dtype(dtype), batched)
-    return UserProblem(name, dim, lb, ub, fn, is_batched, m)
+        batched = getattr(r.meta, "batched", None)
+    wants = bool(getattr(r.meta, "wants_generation", False))
+    is_batched = _detect_batched(name, r.fn, r.dim, r.num_objectives, jnp.dtype(dtype), batched, wants)
+    return UserProblem(name, r.dim, r.lb, r.ub, r.fn, is_batched, r.num_objectives, wants,
+                       bool(getattr(r.meta, "block_invariant", False)), r.meta)

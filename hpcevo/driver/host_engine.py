@@ -7,40 +7,38 @@ inside a jitted step, so here the host wakes every generation:
     x = candidates on the host (float64)
     this rank's tasks evaluated               threads, outside JIT (``parallel.host.TaskRunner``)
     fitness = the tasks' values by index      Allgatherv (``parallel.host.allgather_rows``)
-    state = tell(state, candidates, fitness)  jitted, replicated, recorded as in ``Workflow``
+    state = tell(state, candidates, fitness)  jitted, replicated, recorded as on the device
 
 A task is a fixed slice of the population (one candidate, or for a NumPy block function
 ``microbatch`` rows), fixed by the population size and the config alone; its values are placed
 by index. So the fitness vector, and with it the run, does not depend on the rank count, the
 schedule (static blocks or a dynamic queue) or the concurrency, as long as the problem is
-deterministic. Failed evaluations get ``evaluation.penalty`` and are counted in the state
-(``failures``; checkpointed, so a resumed run counts on) and logged by rank 0, one JSON line
-per failed candidate, to ``failures_log``.
+deterministic. Failed evaluations get ``penalty`` and are counted in the state (``failures``;
+checkpointed, so a resumed run counts on); rank 0 keeps one record per failed candidate until
+``take_failures`` (the run directory appends them to failures.jsonl).
 
-``HostWorkflow`` has ``Workflow``'s host API (start, advance, template, history_fields,
-fingerprint, compile, evaluations, algorithm), so the runner drives it unchanged: checkpoints,
-signals, deadlines and resume work as for JAX problems. A stop request is acted on between
-generations (the runner's chunks shrink to one generation when generations are slow), never in
+``HostEngine`` follows ``engine.Engine``, so a ``Loop`` drives it as it drives a JAX problem:
+checkpoints, signals, deadlines and resume work the same. A stop request is acted on between
+generations (the driver's chunks shrink to one generation when generations are slow), never in
 the middle of one.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .algorithms.base import Algorithm
-from .parallel import ParallelContext, TaskRunner, allgather_rows, gather_to_root, microbatch_rows
-from .workflow import MAX_CHUNK, LoopState, Workflow
-
+from ..algorithms.base import Algorithm
+from ..parallel import ParallelContext, TaskRunner, allgather_rows, gather_to_root, microbatch_rows
+from ..problems.base import HostProblem
+from .engine import MAX_CHUNK, fingerprint
+from .recording import LoopState, SingleObjective
 
 # A LoopState's fields (whatever they are), then ``failures``: int32 (), the evaluations that
-# failed and got the penalty so far. Flat, so the runner, ``hpcevo inspect`` and checkpoints see
+# failed and got the penalty so far. Flat, so the driver, ``hpcevo inspect`` and checkpoints see
 # the same names as in a LoopState (``state/best_f``), plus ``state/failures``.
 HostLoopState = NamedTuple("HostLoopState", [*((f, Any) for f in LoopState._fields), ("failures", Any)])
 
@@ -53,50 +51,49 @@ def _loop(state: HostLoopState) -> LoopState:
     return LoopState(*state[:-1])
 
 
-def _unused_device_evaluation(*_):
-    raise AssertionError("a host problem is never evaluated inside JIT")
-
-
-class HostWorkflow(Workflow):
+class HostEngine:
     """Runs one algorithm on one host problem over the ranks of ``ctx``. Collective to create
-    (a dynamic schedule duplicates a communicator) and to ``close``."""
+    (a dynamic schedule duplicates a communicator) and to ``close``.
 
-    def __init__(self, algorithm: Algorithm, problem, ctx: ParallelContext, *,
+    ``microbatch`` / ``batch_size``: rows per call of a block function (``rows_per_task``);
+    ``concurrency``, ``schedule``: see ``parallel.TaskRunner``; ``penalty``: the fitness a
+    failed evaluation gets.
+    """
+
+    def __init__(self, algorithm: Algorithm, problem: HostProblem, ctx: ParallelContext, *,
                  microbatch: int | None = None, batch_size: int | None = None, concurrency: int = 1,
-                 schedule: str = "static", penalty: float = float("inf"), failures_log: Path | None = None):
-        """``problem``: a host problem (``evaluate_rows``, ``rows_per_call``, ``cancel``).
-        ``microbatch`` / ``batch_size``: rows per call of a block function (see
-        ``rows_per_task``). ``failures_log``: where rank 0 appends failed evaluations (JSONL)."""
-        # The device path is never used; the base class supplies recording, history rows,
-        # fingerprints and evaluation counts, exactly as JAX problems get them.
-        super().__init__(algorithm, _unused_device_evaluation, ctx, microbatch, batch_size)
-        self.problem = problem
+                 schedule: str = "static", penalty: float = float("inf")):
+        self.algorithm, self.problem, self.ctx = algorithm, problem, ctx
+        self.recorder = SingleObjective()  # host problems are single-objective
         self.penalty = float(penalty)
-        self.failures_log = Path(failures_log) if failures_log is not None and ctx.is_root else None
         self._microbatch, self._batch_size = microbatch, batch_size
+        self._failures: list[dict] = []
         self._runner = TaskRunner(ctx, concurrency, schedule)  # type: ignore[arg-type]
         self._ask_first = jax.jit(self._first_ask_fn)
         self._tell_first = jax.jit(self._first_tell_fn)
         self._ask = jax.jit(self._ask_fn)
         self._tell = jax.jit(self._tell_fn)
+        self._fingerprint = jax.jit(fingerprint)
 
     # -- jitted pieces -------------------------------------------------------------------------
     def _first_ask_fn(self, key: jax.Array):
         return self.algorithm.init_ask(self.algorithm.init(key))
 
+    def _record(self, loop: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any):
+        state = self.recorder.record(self.algorithm, loop, raw, algo, lambda i: candidates[i])
+        return state, self.recorder.row(loop, state)
+
     def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array):
-        empty = self._empty(algo)
+        empty = self.recorder.empty(self.algorithm, algo)
         algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        state = self._record(empty, candidates, raw, algo)
-        return state, self._history_row(empty, state)
+        return self._record(empty, candidates, raw, algo)
 
     def _ask_fn(self, loop: LoopState):
         return self.algorithm.ask(loop.algo)
 
     def _tell_fn(self, loop: LoopState, candidates: jax.Array, algo: Any, raw: jax.Array):
         algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        state = self._record(loop, candidates, raw, algo)
-        return state, self._history_row(loop, state)
+        return self._record(loop, candidates, raw, algo)
 
     # -- host evaluation -----------------------------------------------------------------------
     def rows_per_task(self, n: int) -> int:
@@ -110,7 +107,7 @@ class HostWorkflow(Workflow):
 
     @property
     def microbatches(self) -> int:
-        """Tasks per generation (the runner warns when there are more ranks than this)."""
+        """Tasks per generation (the driver warns when there are more ranks than this)."""
         n = self.algorithm.num_ask
         return -(-n // self.rows_per_task(n))
 
@@ -144,27 +141,20 @@ class HostWorkflow(Workflow):
         count = int(bad.sum())
         if count:  # every rank knows the count, so all of them take part in this gather, or none
             everyone = gather_to_root(self.ctx, [(i, why, self.ctx.rank) for i, why in reasons])
-            if self.failures_log is not None:
-                self._log(generation, x, sorted(r for part in everyone for r in part))
+            if self.ctx.is_root:
+                self._failures += [{"generation": generation, "index": i, "reason": why, "rank": rank,
+                                    "x": x[i].tolist()} for i, why, rank in sorted(r for p in everyone for r in p)]
         fitness = np.where(bad, self.penalty, gathered[:, 0])
         return fitness.astype(self.algorithm.dtype), count
 
-    def _log(self, generation: int, x: np.ndarray, records: list) -> None:
-        with open(self.failures_log, "a") as fh:
-            for index, why, rank in records:
-                fh.write(json.dumps({"generation": generation, "index": index, "reason": why,
-                                     "rank": rank, "x": x[index].tolist()}) + "\n")
-
-    # -- host API (as Workflow's) --------------------------------------------------------------
+    # -- the Engine protocol -------------------------------------------------------------------
     def start(self, seed: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
-        """Initialise from the seed and run generation 1 (the initial population's evaluation)."""
         candidates, algo = self._ask_first(jax.random.PRNGKey(seed))
         raw, failed = self.evaluate(candidates, 1)
         loop, row = self._tell_first(candidates, algo, raw)
         return _join(loop, failed), self._history([row])
 
     def advance(self, state: HostLoopState, n: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
-        """Run n (<= MAX_CHUNK) more generations, evaluating each on the host."""
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
         loop, failures, rows = _loop(state), int(state.failures), []
@@ -180,7 +170,7 @@ class HostWorkflow(Workflow):
 
     def _history(self, rows: list) -> dict[str, np.ndarray]:
         columns = zip(*jax.device_get(rows))
-        return {k: np.asarray(v) for k, v in zip(self.history_fields, columns)}
+        return {k: np.asarray(v) for k, v in zip(self.recorder.history_type._fields, columns)}
 
     def template(self, seed: int = 0) -> HostLoopState:
         def first(key):
@@ -203,9 +193,15 @@ class HostWorkflow(Workflow):
         self._tell.lower(loop, candidates, algo, _fitness_like(candidates)).compile()
         self._fingerprint.lower(shapes).compile()
 
+    def fingerprint(self, state: HostLoopState) -> np.ndarray:
+        return np.asarray(self._fingerprint(state))
+
     def counters(self, state: HostLoopState) -> dict[str, int]:
-        """What the runner adds to metrics and the summary."""
         return {"failed_evaluations": int(state.failures)}
+
+    def take_failures(self) -> list[dict]:
+        out, self._failures = self._failures, []
+        return out
 
     def close(self) -> None:
         """Stop the worker threads and free the dispatcher's communicator. Collective."""

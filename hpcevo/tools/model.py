@@ -77,6 +77,38 @@ class AlphaBeta:
         return min(rd, rab)
 
 
+def network(name: str = "ib-hdr", alpha_us: float | None = None,
+            bandwidth_gbs: float | None = None) -> tuple[AlphaBeta, str]:
+    """A network by name (``NETWORKS``), with ``alpha_us`` (latency, us) or ``bandwidth_gbs``
+    (GB/s) overriding its values; and a label saying where the values came from."""
+    from ..errors import UsageError
+
+    if name not in NETWORKS:
+        raise UsageError(f"--network {name!r}: allowed: {', '.join(NETWORKS)}")
+    alpha, beta = NETWORKS[name]
+    if alpha_us is None and bandwidth_gbs is None:
+        return AlphaBeta(alpha, beta), f"({name})"
+    for value, option in ((alpha_us, "--alpha-us"), (bandwidth_gbs, "--bandwidth-gbs")):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"{option} {value}: must be a positive number")
+    alpha = alpha_us * 1e-6 if alpha_us is not None else alpha
+    beta = 1 / (bandwidth_gbs * 1e9) if bandwidth_gbs is not None else beta
+    return AlphaBeta(alpha, beta), "(given)"
+
+
+def workload(pop: int, eval_ms: float, algo_ms: float = 0.0, microbatch: int = 0, float64: bool = False) -> "Workload":
+    """A ``Workload`` from the command line's units, every value checked (UsageError)."""
+    from ..errors import UsageError
+
+    if pop < 1:
+        raise UsageError(f"--pop {pop}: must be >= 1")
+    for value, option in ((eval_ms, "--eval-ms"), (algo_ms, "--algo-ms"), (microbatch, "--microbatch")):
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"{option} {value}: must be a number >= 0")
+    return Workload(pop=pop, eval_s=eval_ms * 1e-3, algo_s=algo_ms * 1e-3, microbatch=microbatch,
+                    itemsize=8 if float64 else 4)
+
+
 def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> AlphaBeta:
     """Fit t = alpha + beta * size to measurements by least squares on the relative error.
 
@@ -107,7 +139,7 @@ class Workload:
 
     @property
     def rows(self) -> int:
-        from .parallel.evaluate import microbatch_rows
+        from ..parallel.evaluate import microbatch_rows
 
         return microbatch_rows(self.pop, self.microbatch or None)
 

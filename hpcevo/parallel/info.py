@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .parallel import ParallelContext, cpu_list, gather_to_root, mpi_library
+from ..provenance import parallel_hdf5, versions
+from .binding import cpu_list
+from .context import ParallelContext, mpi_library
+from .control import gather_to_root
 
 
 def describe(ctx: ParallelContext) -> dict[str, Any] | None:
     """Collective. Returns the description on rank 0, None elsewhere."""
-    import h5py
     import jax
-
-    from .runner import versions
 
     b = ctx.binding
     affinity = sorted(os.sched_getaffinity(0))
@@ -39,9 +39,9 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
         "mpi_library": mpi_library()[0],
         "mpi_standard": mpi_library()[1],
         "size": ctx.size,
-        "hosts": sorted({r["host"] for r in ranks}),
+        "hosts": ctx.hosts,
         "jax_backend": jax.default_backend(),
-        "h5py_mpi": bool(h5py.get_config().mpi),
+        "h5py_mpi": parallel_hdf5(),
         "versions": versions(),
         "ranks": ranks,
     }

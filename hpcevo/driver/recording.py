@@ -1,7 +1,7 @@
 """What a run keeps besides the algorithm's state: the loop state's extra fields, the
 per-generation history series, and what the host reads from them at boundaries and at the end.
 
-A recorder is the one place that knows what a run's fitness means. The workflow's loop is the same
+A recorder is the one place that knows what a run's fitness means. The engine's loop is the same
 for every kind of run (ask, evaluate, tell, record, append a history row); the recorder decides
 what "record" keeps:
 
@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import indicators
-from .algorithms._mo import non_dominated
+from .. import indicators
+from ..algorithms.mo import non_dominated
 
 
 # -- single objective ---------------------------------------------------------------------------
@@ -60,8 +60,10 @@ def _batch_stats(fitness: jax.Array) -> jax.Array:
 class SingleObjective:
     """Best-so-far tracking and batch statistics for fitness of shape ``(n,)``."""
 
-    state_type = LoopState
+    kind = "single-objective"
     history_type = History
+    # What a boundary record (a line of metrics.jsonl) holds besides the driver's own fields.
+    record_fields = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
 
     def empty(self, algorithm, algo: Any) -> LoopState:
         dtype = jnp.dtype(algorithm.dtype)
@@ -141,8 +143,9 @@ class MultiObjective:
     The algorithm must provide ``population(state) -> (x (pop, dim), f (pop, m))``.
     """
 
-    state_type = MOLoopState
+    kind = "multi-objective"
     history_type = MOHistory
+    record_fields = ("hv", "igd", "front_size", "nonfinite")
 
     def __init__(self, num_objectives: int, ref_point: np.ndarray | None, ref_front: np.ndarray | None):
         self.m = int(num_objectives)
@@ -221,3 +224,37 @@ class MultiObjective:
 
 def _none_if_nan(v: float) -> float | None:
     return None if v != v else v
+
+
+RECORDERS = (SingleObjective, MultiObjective)
+
+
+def history_kind(history) -> str:
+    """Which recorder keeps a per-generation history with these series."""
+    keys = set(history)
+    for recorder in RECORDERS:
+        if keys >= set(recorder.history_type._fields):
+            return recorder.kind
+    raise ValueError(f"no recorder keeps the series {sorted(keys)}")
+
+
+def kind_of(fields) -> str:
+    """Which recorder wrote a metrics record with these keys ("single-objective",
+    "multi-objective"); ValueError when none did."""
+    keys = set(fields)
+    for recorder in RECORDERS:
+        if keys >= set(recorder.record_fields):
+            return recorder.kind
+    raise ValueError(f"no recorder writes records with the fields {sorted(keys)}")
+
+
+def recorder_for(problem, ref_point=None):
+    """What a run on ``problem`` records: best-so-far for one objective; for several, the front,
+    its hypervolume (m <= 3; reference point ``ref_point``, else the problem's default) and IGD
+    to the problem's known front (none for a user's problem that knows none)."""
+    m = problem.num_objectives
+    if m == 1:
+        return SingleObjective()
+    if ref_point is None and m <= 3:
+        ref_point = problem.default_ref_point()
+    return MultiObjective(m, ref_point, problem.pareto_front())

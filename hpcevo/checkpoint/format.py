@@ -1,0 +1,172 @@
+"""The checkpoint format: file names, the header (root attributes), retention. No MPI.
+
+A checkpoint file ``gen-000001000.h5`` holds:
+
+    /             attributes: format, format_version, generation, evaluations (and num_init,
+                  num_ask: evaluations in generation 1 and in each later one), seed, ranks (that
+                  wrote it), created (UTC ISO time), hpcevo_version, versions (JSON), config (the
+                  resolved run config, TOML), complete (written last)
+    /state/...    one dataset per leaf of the run's state pytree, named by its pytree path
+                  (``state/algo/position``), with the leaf's exact dtype and shape; PRNG keys too
+                  (typed keys are stored as their key data plus a ``prng_impl`` attribute)
+    /history/...  one value per generation so far, one dataset per series the run keeps
+                  (``best``, ``gen_best``, ``gen_mean``, ``gen_std``, ``nonfinite`` for a
+                  single-objective run: ``hpcevo.driver.recording``)
+
+Every dataset carries ``crc32`` (one CRC-32 per block of ``crc_rows`` leading-axis rows,
+``layout.py``) that loading verifies, so a flipped bit anywhere is found, not resumed from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "hpcevo-checkpoint"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^gen-(\d{9,})\.h5$")
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint file that cannot be trusted (truncated, bad checksum, unfinished)."""
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """What a checkpoint holds, on the host. ``state`` is a pytree of arrays (replicated)."""
+
+    generation: int
+    evaluations: int
+    seed: int
+    config_text: str
+    state: Any
+    history: dict[str, np.ndarray]
+    num_init: int  # evaluations in generation 1
+    num_ask: int  # evaluations in every later generation
+
+
+@dataclasses.dataclass
+class Header:
+    """A checkpoint's root attributes: cheap to read, enough to describe or compare it."""
+
+    path: Path
+    generation: int
+    evaluations: int
+    seed: int
+    ranks: int
+    created: str
+    hpcevo_version: str
+    versions: dict[str, str]
+    config_text: str
+    complete: bool
+    num_init: int
+    num_ask: int
+
+
+def file_name(generation: int) -> str:
+    return f"gen-{generation:09d}.h5"
+
+
+def generation_of(path: Path) -> int:
+    """The generation in a checkpoint's file name."""
+    m = _NAME.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"'{path}' is not named like a checkpoint (gen-NNNNNNNNN.h5)")
+    return int(m.group(1))
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Published checkpoints in ``directory``, newest (highest generation) first."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = [(int(m.group(1)), n) for n in names if (m := _NAME.match(n))]
+    return [Path(directory) / n for _, n in sorted(found, reverse=True)]
+
+
+def partial_name(final: Path) -> Path:
+    """Where a checkpoint is written before it is published under ``final``."""
+    return final.parent / f".{final.name}.partial"
+
+
+def list_partials(directory: Path) -> list[Path]:
+    """Unfinished checkpoints (``.gen-*.partial``) left by a run that died mid-write."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(Path(directory) / n for n in names if n.startswith(".gen-") and n.endswith(".partial"))
+
+
+def remove_partials(directory: Path) -> None:
+    """Drop ``.partial`` files left by a run that died mid-write (one process)."""
+    for path in list_partials(directory):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def prune(directory: Path, *, keep: int, keep_every: int = 0) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (and those at multiples of ``keep_every``)."""
+    removed = []
+    for i, path in enumerate(list_checkpoints(directory)):
+        gen = generation_of(path)
+        if i < keep or (keep_every and gen % keep_every == 0):
+            continue
+        try:
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            pass  # retention is best effort: a file we cannot delete costs only space
+    return removed
+
+
+def header_of(attrs: Any, path: Path) -> Header:
+    """The header from a file's root attributes; CheckpointDamaged when it is not one of ours."""
+    if attrs.get("format") != FORMAT:
+        raise CheckpointDamaged(f"not an hpcevo checkpoint (format attribute {attrs.get('format')!r})")
+    version = int(attrs.get("format_version", -1))
+    if version != FORMAT_VERSION:
+        raise CheckpointDamaged(
+            f"checkpoint format version {version}; this hpcevo reads version {FORMAT_VERSION}")
+    try:
+        return Header(
+            path=Path(path),
+            generation=int(attrs["generation"]),
+            evaluations=int(attrs["evaluations"]),
+            seed=int(attrs["seed"]),
+            ranks=int(attrs["ranks"]),
+            created=str(attrs["created"]),
+            hpcevo_version=str(attrs["hpcevo_version"]),
+            versions=json.loads(attrs["versions"]),
+            config_text=str(attrs["config"]),
+            complete=bool(attrs["complete"]),
+            num_init=int(attrs["num_init"]),
+            num_ask=int(attrs["num_ask"]),
+        )
+    except KeyError as e:
+        raise CheckpointDamaged(f"attribute {e.args[0]!r} is missing") from None
+
+
+# What HDF5 and MPI-IO bury in their error stacks, in the words a user searches for.
+_REASONS = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded",
+            "Input/output error", "No such file or directory", "File exists", "Stale file handle")
+
+
+def oserror_text(e: BaseException) -> str:
+    """The reason behind an HDF5 or OS error, in a user's words."""
+    text = str(e)
+    for reason in _REASONS:
+        if reason.lower() in text.lower():
+            return reason
+    if getattr(e, "strerror", None):
+        return e.strerror
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__

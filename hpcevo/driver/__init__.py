@@ -1,0 +1,16 @@
+"""The collective driver: everything that runs a config on the ranks of a job.
+
+    build.py        config (and objects held in Python) -> problem, algorithm, recorder
+    engine.py       what runs generations: DeviceEngine (jitted chunks), the Engine protocol
+    host_engine.py  HostEngine: NumPy functions and external commands, evaluated on the host
+    recording.py    what a run keeps besides the algorithm's state (best so far, or the front)
+    loop.py         Loop: one population on the ranks (the step-level API that ``execute`` drives)
+    execute.py      execute(): the run loop, and the named pieces it calls
+    policy.py       the schedule of boundaries, when a checkpoint is due
+    stopping.py     signals and deadlines, agreed by every rank
+    resume.py       which checkpoint a run continues from, and what may not change
+    rundir.py       the run directory's files, written and read
+    report.py       rank 0's progress lines
+    result.py       Result (what hpcevo.run returns), RunRecord (hpcevo.open_run)
+    startup.py      where start-up time goes
+"""

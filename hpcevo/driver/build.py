@@ -1,0 +1,314 @@
+"""From a config (and any objects held in Python) to the pieces of a run: problem, algorithm,
+recorder, and the resolved config that records them. No MPI.
+
+``check(cfg)`` is what ``hpcevo.load_config`` adds to the schema: the algorithm's name and
+hyper-parameters, and for a built-in problem a dry build (cheap) that runs the problem's and the
+algorithm's own checks. Problems named by import path and ``neuro`` import user code or an
+environment library, which may touch JAX's backend: they are built when the run builds them,
+after the rank is bound to its device.
+
+Objects held in Python (``hpcevo.run(cfg, problem=f, algorithm=CSO(...))``) take the place of the
+config's ``[problem]`` name and ``[algorithm]`` section; they go through the same checks, and the
+resolved config records what they were (``resolved``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from ..algorithms import ALGORITHMS
+from ..algorithms.base import Algorithm
+from ..config import HOST_EVALUATION_KEYS, RunConfig
+from ..errors import ConfigError, did_you_mean
+from ..problems import as_problem, create, is_deferred
+from ..problems.base import HostProblem, Problem
+from ..problems.user import held_name
+from .recording import recorder_for
+
+AnyProblem = typing.Union[Problem, HostProblem]
+
+
+def check(cfg: RunConfig) -> None:
+    """Everything about ``cfg`` that can be checked without importing a user's code."""
+    if cfg.algorithm is not None:
+        _check_algorithm_section(cfg)
+    if cfg.problem.name is not None:
+        _check_host_keys(cfg, cfg.is_host)
+        if cfg.algorithm is not None and not is_deferred(cfg.problem.name):
+            build_algorithm(cfg, build_problem(cfg))  # runs the instances' own checks
+
+
+# -- the problem -------------------------------------------------------------------------------
+def build_problem(cfg: RunConfig, held: Any = None, *, host: bool | None = None,
+                  held_algorithm: Algorithm | None = None) -> AnyProblem:
+    """The problem of ``cfg``, or ``held`` (a function or problem object) checked against it.
+
+    ``host``: ``held`` is NumPy code, evaluated outside JAX (default: ``problem.host``).
+    Problems by import path import and trace user code here: call it after ``parallel.bind``.
+    """
+    where, p = cfg.source, cfg.problem
+    if held is not None:
+        return _held_problem(cfg, held, p.host if host is None else host, held_algorithm)
+    if p.name is None:
+        raise ConfigError(f"{where}: missing required key 'problem.name' (a problem's name; from Python, "
+                          "or pass problem= to hpcevo.run)", "problem.name")
+    try:
+        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host, p.objectives)
+    except ValueError as e:
+        raise ConfigError(f"{where}: [problem]: {e}", "problem") from None
+    _check_ref_point(cfg, problem)
+    return problem
+
+
+def _held_problem(cfg: RunConfig, held: Any, host: bool | None, algorithm: Algorithm | None) -> AnyProblem:
+    p = cfg.problem
+    fit = isinstance(algorithm, Algorithm)  # (one that is not is refused with the algorithm's checks)
+    fallback = (algorithm.dim, algorithm.lb, algorithm.ub) if fit else (None, None, None)
+    try:
+        problem = as_problem(held, p.dim, p.lb, p.ub, host=bool(host), batched=p.batched, dtype=cfg.run.dtype,
+                             fallback=fallback)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: problem=: {e}", "problem") from None
+    _check_ref_point(cfg, problem)
+    return problem
+
+
+def _check_ref_point(cfg: RunConfig, problem: AnyProblem) -> None:
+    p, where = cfg.problem, cfg.source
+    if p.ref_point is None:
+        return
+    m = problem.num_objectives
+    if m == 1:
+        raise ConfigError(f"{where}: 'problem.ref_point': {problem.name} is single-objective; a hypervolume "
+                          "reference point applies to multi-objective problems", "problem.ref_point")
+    if len(p.ref_point) != m or not all(math.isfinite(v) for v in p.ref_point):
+        raise ConfigError(f"{where}: 'problem.ref_point': need {m} finite numbers (one per objective), "
+                          f"got {p.ref_point}", "problem.ref_point")
+    if m > 3:
+        raise ConfigError(f"{where}: 'problem.ref_point': exact hypervolume is computed for 2 and 3 "
+                          f"objectives; {problem.name} has {m} (IGD is still logged)", "problem.ref_point")
+
+
+def _check_host_keys(cfg: RunConfig, host: bool) -> None:
+    if host:
+        return
+    for key, default in HOST_EVALUATION_KEYS.items():
+        if getattr(cfg.evaluation, key) != default:
+            raise ConfigError(
+                f"{cfg.source}: 'evaluation.{key}' applies to host problems only (a NumPy function "
+                f"with problem.host = true, or name = \"command\"); '{cfg.problem.name}' is "
+                "evaluated inside JAX", f"evaluation.{key}")
+
+
+# -- the algorithm -----------------------------------------------------------------------------
+def _check_algorithm_section(cfg: RunConfig) -> None:
+    where, name = cfg.source, cfg.algorithm.name
+    if name not in ALGORITHMS:
+        raise ConfigError(f"{where}: 'algorithm.name': unknown algorithm {name!r}{did_you_mean(name, ALGORITHMS, 0.5)} "
+                          f"(available: {', '.join(sorted(ALGORITHMS))})", "algorithm.name")
+    cls = ALGORITHMS[name]
+    fields = cls.hyper_parameters()
+    for key, value in cfg.algorithm_params.items():
+        if key not in fields:
+            valid = ["name", "pop_size", *fields]
+            raise ConfigError(f"{where}: unknown key 'algorithm.{key}' for {name}{did_you_mean(key, valid, 0.5)} "
+                              f"(valid: {', '.join(valid)})", f"algorithm.{key}")
+        try:
+            kind = typing.get_type_hints(cls)[key]
+            TypeAdapter(kind, config=ConfigDict(strict=True)).validate_python(value)
+        except ValidationError as e:
+            raise ConfigError(f"{where}: 'algorithm.{key}': {e.errors()[0]['msg'].lower()}; got {value!r}",
+                              f"algorithm.{key}") from None
+
+
+def build_algorithm(cfg: RunConfig, problem: AnyProblem, held: Algorithm | None = None) -> Algorithm:
+    """The algorithm ``cfg`` describes for ``problem`` (or ``held``, checked against both), with
+    its own checks turned into ConfigError."""
+    where = cfg.source
+    _check_host_keys(cfg, problem.host)
+    if held is not None:
+        algorithm = _held_algorithm(cfg, problem, held)
+        _check_fit(cfg, problem, type(algorithm), algorithm.distributed)
+        return algorithm
+    if cfg.algorithm is None:
+        raise ConfigError(f"{where}: missing required key 'algorithm' (a section with name and pop_size; "
+                          "from Python, or pass algorithm= to hpcevo.run)", "algorithm")
+    _check_algorithm_section(cfg)
+    cls = ALGORITHMS[cfg.algorithm.name]
+    _check_fit(cfg, problem, cls, bool(cfg.algorithm_params.get("distributed")))
+    extra = {"num_objectives": problem.num_objectives} if cls.multi_objective else {}
+    try:
+        return cls(pop_size=cfg.algorithm.pop_size, dim=problem.dim, lb=problem.lb, ub=problem.ub,
+                   dtype=cfg.run.dtype, **extra, **cfg.algorithm_params)
+    except ValueError as e:
+        raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}", "algorithm") from None
+
+
+def _check_fit(cfg: RunConfig, problem: AnyProblem, cls: type, distributed: bool) -> None:
+    """Whether an algorithm of class ``cls`` can run ``problem`` as ``cfg`` asks."""
+    where, name = cfg.source, ALGORITHM_NAMES.get(cls, cls.__name__)
+    objectives = problem.num_objectives
+    if cls.multi_objective != (objectives > 1):
+        fits = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.multi_objective == (objectives > 1))
+        if objectives > 1:
+            raise ConfigError(f"{where}: problem '{problem.name}' has {objectives} objectives, but algorithm "
+                              f"'{name}' optimises one; multi-objective algorithms: {fits}", "algorithm.name")
+        raise ConfigError(f"{where}: algorithm '{name}' is multi-objective, but problem '{problem.name}' has "
+                          f"1 objective; single-objective algorithms: {fits}", "algorithm.name")
+    if problem.host and distributed:
+        raise ConfigError(f"{where}: [problem] {problem.name}: host problems run single-objective and "
+                          "with the replicated population for now (no multi-objective algorithm, no "
+                          "algorithm.distributed)", "algorithm.distributed")
+    if distributed:
+        for key, value in (("parallel.microbatch", cfg.parallel.microbatch),
+                           ("evaluation.batch_size", cfg.evaluation.batch_size)):
+            if value:
+                raise ConfigError(f"{where}: '{key}' does not apply with algorithm.distributed = true: set "
+                                  "algorithm.block (rows per block of the distributed step, which bounds "
+                                  "memory the same way) instead", key)
+
+
+def _held_algorithm(cfg: RunConfig, problem: AnyProblem, held: Any) -> Algorithm:
+    where = f"{cfg.source}: algorithm="
+    if not isinstance(held, Algorithm):
+        missing = [m for m in ("pop_size", "dim", "lb", "ub", "dtype", "distributed", "num_init", "num_ask",
+                               "init", "ask", "tell", "init_ask", "init_tell", "population")
+                   if not hasattr(held, m)]
+        raise ConfigError(f"{where} {type(held).__name__} is not an hpcevo algorithm: it lacks "
+                          f"{', '.join(missing)} (derive it from hpcevo.algorithms.BaseAlgorithm)", "algorithm")
+    differs = [f"{what}: the algorithm has {mine!r}, the {whose} {theirs!r}"
+               for what, mine, theirs, whose in (
+                   ("dim", held.dim, problem.dim, "problem"),
+                   ("lb", tuple(held.lb), problem.lb, "problem"),
+                   ("ub", tuple(held.ub), problem.ub, "problem"),
+                   ("dtype", held.dtype, cfg.run.dtype, "config's run.dtype"))
+               if mine != theirs]
+    if differs:
+        raise ConfigError(f"{where} {type(held).__name__} was built for another problem:\n  " + "\n  ".join(differs)
+                          + "\n  build it with the problem's dim, lb and ub (and run.dtype)", "algorithm")
+    return held
+
+
+ALGORITHM_NAMES = {cls: name for name, cls in ALGORITHMS.items()}
+
+
+# -- what the run records ----------------------------------------------------------------------
+def build_recorder(cfg: RunConfig, problem: AnyProblem):
+    """Best-so-far for one objective; front, hypervolume (m <= 3) and IGD for several."""
+    return recorder_for(problem, cfg.problem.ref_point)
+
+
+def resolved(cfg: RunConfig, problem: AnyProblem | None = None, algorithm: Algorithm | None = None,
+             held_problem: bool = False, held_algorithm: bool = False) -> dict[str, Any]:
+    """The resolved config: every default filled in, the algorithm's too; objects held in Python
+    recorded by name (``held_name``) and values."""
+    d = cfg.model_dump(exclude_none=True)
+    if not d["problem"].get("args"):
+        d["problem"].pop("args", None)  # most problems take none
+    host = problem.host if problem is not None else cfg.is_host
+    if not host:
+        for key in HOST_EVALUATION_KEYS:
+            d["evaluation"].pop(key)
+    if held_problem:
+        d["problem"].update(name=problem.name, dim=problem.dim, **({"host": True} if problem.host else {}))
+    if held_algorithm:
+        d["algorithm"] = algorithm_section(algorithm)
+    else:
+        for name, f in ALGORITHMS[cfg.algorithm.name].hyper_parameters().items():
+            d["algorithm"].setdefault(name, f.default)
+    return d
+
+
+def algorithm_section(algorithm: Algorithm) -> dict[str, Any]:
+    """An algorithm object as an [algorithm] section: its config name (or ``held_name``),
+    pop_size and hyper-parameters."""
+    cls = type(algorithm)
+    out: dict[str, Any] = {"name": ALGORITHM_NAMES.get(cls, held_name(algorithm)), "pop_size": algorithm.pop_size}
+    if hasattr(cls, "hyper_parameters"):
+        for name in cls.hyper_parameters():
+            out[name] = _plain(getattr(algorithm, name))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A value TOML can hold."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def dump(d: dict[str, Any]) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(d)
+
+
+
+
+# -- JAX, before the first computation ----------------------------------------------------------
+def prepare_jax(cfg: RunConfig) -> None:
+    """float64 runs need JAX's 64-bit mode on before any array of theirs exists."""
+    if cfg.run.dtype == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+
+
+# Eviction keeps the cache bounded and makes JAX lock it (filelock), so ranks and concurrent jobs
+# (a seed sweep compiles the same programs) never read an entry another process is writing.
+COMPILE_CACHE_MAX_BYTES = 4 << 30
+
+
+def enable_compile_cache(cfg: RunConfig) -> str | None:
+    """Point JAX's persistent compilation cache at the configured directory (before the first
+    compilation). A directory already configured (JAX_COMPILATION_CACHE_DIR) is kept."""
+    import jax
+
+    path = jax.config.jax_compilation_cache_dir
+    if not path:
+        setting = cfg.parallel.compile_cache
+        if setting == "off":
+            return None
+        path = str(cfg.out_dir.parent / ".jax-cache" if setting == "auto" else Path(setting))
+        jax.config.update("jax_compilation_cache_dir", path)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # Most of our programs compile in well under a second each, and together they are most
+        # of a launch: JAX's default (skip those under 1 s) would cache almost none of them.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if jax.config.jax_compilation_cache_max_size < 0:
+        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
+    return path
+
+
+def probe_batch_size(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) -> bool | None:
+    """With ``evaluation.batch_size`` below the micro-batch: does evaluating in pieces give the
+    unchunked values bit for bit, on one micro-batch of random candidates? (None: no pieces.)
+
+    A problem whose row values depend on its block's shape would otherwise change the run's last
+    bits silently when a user bounds memory. Problems that are block invariant by construction
+    say so (``block_invariant``: the numerical and CEC 2022 functions, tested bitwise); for the
+    others the probe costs two compilations of the problem."""
+    import jax
+    import jax.numpy as jnp
+
+    from ..parallel.evaluate import chunking_is_exact, microbatch_rows
+
+    mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None)
+    piece = cfg.evaluation.batch_size
+    if not piece or piece >= mb or problem.host:  # host functions are not probed: they may be costly
+        return None
+    if problem.block_invariant:
+        return True
+    lb, ub = (jnp.asarray(b, algorithm.dtype) for b in (algorithm.lb, algorithm.ub))
+    x = lb + (ub - lb) * jax.random.uniform(jax.random.PRNGKey(cfg.run.seed), (mb, algorithm.dim), algorithm.dtype)
+    args = (jnp.asarray(1, jnp.int32),) if problem.wants_generation else ()
+    return chunking_is_exact(problem.evaluate, x, piece, *args)

@@ -1,0 +1,236 @@
+"""The generation loop: ask -> shard -> evaluate -> allgather -> tell, many generations a dispatch.
+
+``Loop`` is one population evolving on the ranks of a parallel context: the step-level API
+(``init``, ``advance``, ``best``, ``save``, ``load``) and the very object ``hpcevo.run`` drives,
+so a test that drives a ``Loop`` drives the loop users run. What runs a generation is an
+``Engine``, chosen by the problem:
+
+* ``DeviceEngine`` (JAX problems): the host wakes only at boundaries; between them one jitted
+  call runs a ``fori_loop`` whose body is a whole generation with its communication inside, so
+  there is no per-generation host synchronisation. How a generation is split over the ranks is
+  composed in: ``ReplicatedGeneration`` (every rank holds the population and evaluates its
+  micro-batches, ``parallel.ShardedEvaluator``) or, for an algorithm with ``distributed = True``
+  (OpenES, PGPE, SNES), ``DistributedESGeneration`` (no rank ever holds the whole population,
+  ``parallel.ShardedESStep``).
+* ``HostEngine`` (NumPy functions, external commands: ``host_loop.py``): the host wakes every
+  generation to evaluate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..algorithms.base import Algorithm
+from ..parallel import ParallelContext, ShardedESStep, ShardedEvaluator, check_replicas
+from .recording import SingleObjective
+
+# Generations per dispatch at most: the length of the on-device history buffer. The host wakes
+# at least this often, which also bounds how long a stop signal waits to be acted on.
+MAX_CHUNK = 256
+
+
+def fingerprint(tree: Any) -> jax.Array:
+    """A uint32 per leaf: sum of its bit patterns times odd position weights, mod 2^32.
+
+    Any single changed bit changes the sum (odd weights are invertible mod 2^32), it costs one
+    pass over the state on the device, and only a few bytes go to the host and over MPI.
+    """
+    out = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        leaf = jnp.asarray(leaf)
+        if leaf.dtype != jnp.bool_ and leaf.dtype.itemsize in (4, 8):
+            bits = lax.bitcast_convert_type(leaf, jnp.uint32)  # 8-byte leaves give (..., 2)
+        else:
+            bits = leaf.astype(jnp.uint32)
+        bits = bits.reshape(-1)
+        weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) | jnp.uint32(1)
+        out.append(jnp.sum(bits * weights, dtype=jnp.uint32))
+    return jnp.stack(out)
+
+
+def state_digest(tree: Any) -> str:
+    """SHA-256 over every leaf's dtype, shape and bytes, in pytree order (on the host)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(jax.device_get(tree)):
+        a = np.ascontiguousarray(leaf)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class Engine(Protocol):
+    """What runs the generations of a ``Loop``. Collective unless a method says otherwise."""
+
+    algorithm: Algorithm
+    recorder: Any  # recording.SingleObjective or MultiObjective
+
+    @property
+    def microbatches(self) -> int:
+        """Pieces of evaluation work per generation: no more ranks than this have work."""
+
+    def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
+        """Initialise from the seed and run generation 1; the state and its history row."""
+
+    def advance(self, state: Any, n: int) -> tuple[Any, dict[str, np.ndarray]]:
+        """n (1..MAX_CHUNK) more generations; ``state`` is donated (do not reuse it)."""
+
+    def template(self, seed: int) -> Any:
+        """Shapes and dtypes of the state, computing nothing (what a checkpoint must hold)."""
+
+    def compile(self, seed: int, first: bool = True) -> None:
+        """Compile ahead of time (``first=False``: not generation 1's program)."""
+
+    def fingerprint(self, state: Any) -> np.ndarray:
+        """A few words that change with any bit of the state (this rank alone)."""
+
+    def counters(self, state: Any) -> dict[str, int]:
+        """Counts the run reports besides the recorder's (this rank alone)."""
+
+    def take_failures(self) -> list[dict]:
+        """Failed evaluations since the last call, one record each (rank 0; others: [])."""
+
+    def close(self) -> None:
+        """Free what the engine holds (threads, communicators)."""
+
+
+# -- how one generation is split over the ranks (composed into DeviceEngine) ---------------------
+class ReplicatedGeneration:
+    """ask -> evaluate this rank's micro-batches -> allgather -> tell; every rank holds the
+    population. Which micro-batches a rank evaluates travels as data (``shards``), not as a
+    compile-time constant, so every rank at every rank count compiles the same program."""
+
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
+                 microbatch: int | None, batch_size: int | None):
+        self.algorithm = algorithm
+        self.first = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size)
+        self.later = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size)
+        self.shards = (jnp.asarray(self.first.shard), jnp.asarray(self.later.shard))
+        self.microbatches = self.later.k
+
+    def __call__(self, algo: Any, first: bool, shard: jax.Array, *args):
+        a = self.algorithm
+        ask, tell, evaluator = (a.init_ask, a.init_tell, self.first) if first else (a.ask, a.tell, self.later)
+        candidates, algo = ask(algo)
+        raw = evaluator(candidates, shard, *args)
+        algo = tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        return algo, raw, lambda i: candidates[i]
+
+
+class DistributedESGeneration:
+    """A whole ES generation with no rank holding the population (``parallel/es.py``)."""
+
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext):
+        self.step = ShardedESStep(algorithm, evaluate, ctx)
+        self.shards = (jnp.asarray(self.step.shard), jnp.asarray(self.step.shard))
+        self.microbatches = self.step.k
+
+    def __call__(self, algo: Any, first: bool, shard: jax.Array, *args):
+        return self.step(algo, shard, *args)
+
+
+class DeviceEngine:
+    """Runs one algorithm on one JAX problem over the ranks of ``ctx``, jitted.
+
+    ``recorder`` decides what the loop state tracks besides the algorithm's state and which
+    per-generation series the run keeps (``recording.py``). ``with_generation``: call
+    ``evaluate(x, generation)`` with the number of the generation being evaluated (1 = the
+    initial population), for problems that draw new random scenarios each generation;
+    ``microbatch``, ``batch_size``: see ``parallel.ShardedEvaluator``.
+    """
+
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext, *,
+                 microbatch: int | None = None, batch_size: int | None = None, with_generation: bool = False,
+                 recorder: Any = None):
+        self.algorithm, self.ctx = algorithm, ctx
+        self.recorder = recorder if recorder is not None else SingleObjective()
+        self._with_generation = with_generation
+        if algorithm.distributed:
+            self.generation = DistributedESGeneration(algorithm, evaluate, ctx)
+        else:
+            self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size)
+        self._first = jax.jit(self._first_with_history)
+        self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
+        self._fingerprint = jax.jit(fingerprint)
+
+    @property
+    def microbatches(self) -> int:
+        return self.generation.microbatches
+
+    # -- jitted pieces -------------------------------------------------------------------------
+    def _args(self, state) -> tuple:
+        return (state.generation + 1,) if self._with_generation else ()
+
+    def _first_generation(self, key: jax.Array, shards):
+        a = self.algorithm
+        algo = a.init(key)
+        empty = self.recorder.empty(a, algo)
+        algo, raw, pick = self.generation(algo, True, shards[0], *self._args(empty))
+        return self.recorder.record(a, empty, raw, algo, pick)
+
+    def _next_generation(self, state, shards):
+        algo, raw, pick = self.generation(state.algo, False, shards[1], *self._args(state))
+        return self.recorder.record(self.algorithm, state, raw, algo, pick)
+
+    def _run_chunk(self, state, n: jax.Array, shards):
+        row = self.recorder.row
+        buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
+                                           for s in jax.eval_shape(row, state, state)))
+
+        def body(i, carry):
+            s, h = carry
+            s2 = self._next_generation(s, shards)
+            return s2, type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
+
+        return lax.fori_loop(0, n, body, (state, buf))
+
+    def _first_with_history(self, key: jax.Array, shards):
+        state = self._first_generation(key, shards)
+        values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
+        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values))
+
+    # -- host side -----------------------------------------------------------------------------
+    def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
+        state, hist = self._first(jax.random.PRNGKey(seed), self.generation.shards)
+        return state, _host_history(hist, 1)
+
+    def advance(self, state: Any, n: int) -> tuple[Any, dict[str, np.ndarray]]:
+        if not 1 <= n <= MAX_CHUNK:
+            raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
+        state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards)
+        return state, _host_history(hist, n)
+
+    def template(self, seed: int = 0) -> Any:
+        return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards)
+
+    def fingerprint(self, state: Any) -> np.ndarray:
+        return np.asarray(self._fingerprint(state))
+
+    def compile(self, seed: int, first: bool = True) -> None:
+        key = jax.random.PRNGKey(seed)
+        if first:
+            self._first.lower(key, self.generation.shards).compile()
+        shapes = self.template(seed)
+        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards).compile()
+        self._fingerprint.lower(shapes).compile()
+
+    def counters(self, state: Any) -> dict[str, int]:
+        return {}
+
+    def take_failures(self) -> list[dict]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def _host_history(hist: Any, n: int) -> dict[str, np.ndarray]:
+    host = jax.device_get(hist)
+    return {k: np.asarray(v[:n]) for k, v in zip(type(hist)._fields, host)}

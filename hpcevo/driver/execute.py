@@ -1,0 +1,259 @@
+"""Run a validated config: the collective driver behind ``hpcevo run`` and ``hpcevo.run``.
+
+Collective: every rank calls ``execute`` with the same config. Rank 0 alone prints and writes
+files; every rank computes, and every rank checks that its replica matches the others' at each
+log boundary. ``execute`` is the loop; the named pieces it calls (``Run``) each do one thing:
+building, the run directory, the schedule, the checkpoint policy, stop control, the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import checkpoint
+from ..algorithms.base import Algorithm
+from ..config import RunConfig
+from ..errors import EXIT_STOPPED, CheckpointError
+from ..parallel import ParallelContext, collective_stage
+from ..provenance import versions
+from . import build, startup
+from .engine import MAX_CHUNK
+from .loop import Loop, evaluations
+from .policy import CheckpointPolicy, Schedule, next_chunk
+from .report import Reporter
+from .resume import resume_point
+from .rundir import RecordWriter, RunDir, RunPaths
+from .stopping import Decision, StopControl, StopFlag, StopSource, find_deadline
+
+
+def execute(ctx: ParallelContext, cfg: RunConfig, *, problem: Any = None, algorithm: Algorithm | None = None,
+            host: bool | None = None, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+            stream: TextIO | None = None, deadline: str | None = None,
+            stop: StopSource | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``cfg`` on the ranks of ``ctx``; return (the summary, the per-generation history), on
+    every rank.
+
+    ``problem``, ``algorithm``: objects held in Python that take the place of the config's
+    (``build.py``). The summary's ``status`` is "complete", or "stopped" when a signal or the
+    deadline ended the run early after writing a checkpoint (the CLI exits 75 then). With
+    ``resume`` the run continues from the newest valid checkpoint, bitwise as if it had never
+    stopped. ``stop``: what is polled for a stop request (default: a ``StopFlag`` on SIGTERM,
+    SIGUSR1 and SIGINT).
+    """
+    run = Run.start(ctx, cfg, problem, algorithm, host, overwrite, resume, quiet, stream, deadline, stop)
+    G = cfg.run.generations
+    with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
+        gen, chunk = run.first_generation(), MAX_CHUNK
+        while True:
+            if run.schedule.logs_at(gen) and gen != run.resumed_at:
+                run.log(gen, metrics)
+            decision = run.stop.poll(chunk)
+            stopping = gen < G and decision.stop
+            if run.policy.due(gen, stopping=stopping, time_due=decision.time_due):
+                run.write_checkpoint(gen)
+            if gen >= G or stopping:
+                break
+            target = run.schedule.next_target(gen, decision.chunk)
+            chunk = next_chunk(target - gen, run.advance(target - gen))
+            gen = target
+        outcome = run.outcome()
+        run.loop.close()
+    return run.finish(outcome, decision if stopping else None), run.loop.history
+
+
+class Run:
+    """The pieces of one run, and the bookkeeping between boundaries (see ``execute``)."""
+
+    def __init__(self, ctx: ParallelContext, cfg: RunConfig, loop: Loop, parts: "Built", rundir: RunDir,
+                 report: Reporter, stop: StopControl):
+        self.ctx, self.cfg, self.loop, self.parts, self.rundir, self.report, self.stop = (
+            ctx, cfg, loop, parts, rundir, report, stop)
+        ck = cfg.checkpoint
+        self.schedule = Schedule(cfg.run.generations, cfg.log.every, ck.every)
+        self.resumed_at: int | None = None
+        self.policy = CheckpointPolicy(ck.every, ck.final, cfg.run.generations, 0)
+        self.last_checkpoint: Path | None = None
+        self.checkpoint_s = self.compile_s = 0.0
+        self.t_start = self.t_prev = 0.0
+        self.gen_prev = 0
+
+    @classmethod
+    def start(cls, ctx, cfg, problem, algorithm, host, overwrite, resume, quiet, stream, deadline, stop) -> "Run":
+        """Build, prepare the run directory, find the checkpoint to resume from, compile."""
+        build.prepare_jax(cfg)
+        parts = Built.of(ctx, cfg, problem, algorithm, host)
+        stop_control = StopControl(ctx, stop if stop is not None else StopFlag(),
+                                   find_deadline(ctx, deadline, cfg.checkpoint.deadline,
+                                                 cfg.checkpoint.margin_seconds, time.time()),
+                                   cfg.checkpoint.every_seconds)
+        rundir = RunDir(ctx, RunPaths.of(cfg.out_dir, cfg.checkpoint_dir))
+        rundir.prepare(overwrite, resume)
+        report = Reporter(not quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, stream)
+        p = cfg.parallel
+        loop = Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None,
+                    batch_size=cfg.evaluation.batch_size or None, recorder=build.build_recorder(cfg, parts.problem),
+                    concurrency=cfg.evaluation.concurrency, schedule=cfg.evaluation.schedule,
+                    penalty=cfg.evaluation.penalty)
+        run = cls(ctx, cfg, loop, parts, rundir, report, stop_control)
+        if resume:
+            run.resume()
+        rundir.start(parts.config_text, run.resumed_at)
+        run.announce()
+        run.compile()
+        return run
+
+    def resume(self) -> None:
+        loaded = resume_point(self.ctx, self.rundir.paths.checkpoints, self.parts.resolved,
+                              self.cfg.run.generations, self.loop, self.report)
+        if loaded is not None:
+            self.resumed_at = self.policy.last = loaded.header.generation
+            self.last_checkpoint = loaded.header.path
+
+    def announce(self) -> None:
+        """The banner, the deadline, and warnings about a layout that wastes ranks or bits."""
+        cfg, ctx, loop, line = self.cfg, self.ctx, self.loop, self.report.line
+        line(f"hpcevo {self.parts.algorithm_name} on {self.parts.problem.name} (dim {loop.problem.dim}, pop "
+             f"{loop.algorithm.pop_size}), {cfg.run.generations} generations on {ctx.size} "
+             f"rank{'s' if ctx.size > 1 else ''} [{ctx.device}] -> {self.rundir.paths.root}"
+             + (f", from generation {self.resumed_at}" if self.resumed_at is not None else ""))
+        d = self.stop.deadline
+        if d.at is not None:
+            line(f"deadline in {(d.at - time.time()) / 60:.1f} min ({d.source}); stopping {d.margin:.0f} s "
+                 "before it, plus the time a chunk and a checkpoint take")
+        pieces = loop.engine.microbatches
+        if ctx.size > pieces:
+            line(f"warning: {ctx.size} ranks but only {pieces} micro-batches per generation: "
+                 f"{ctx.size - pieces} rank(s) have nothing to evaluate. Set parallel.microbatch "
+                 f"<= {max(1, loop.algorithm.num_ask // ctx.size)} to give every rank work (it changes the run's "
+                 "last bits, but the same setting gives the same result at any rank count)", err=True)
+        if self.parts.exact is False:
+            line(f"warning: evaluation.batch_size = {cfg.evaluation.batch_size}: problem {self.parts.problem.name} "
+                 "gives other last bits in pieces than in whole micro-batches (its values depend on the "
+                 "block's shape). This run is reproducible at any rank count with this batch_size, "
+                 "but not bitwise equal to a run without it.")
+
+    def compile(self) -> None:
+        startup.mark("setup")
+        t0 = time.perf_counter()
+        self.loop.compile(self.cfg.run.seed, first=self.resumed_at is None)
+        self.compile_s = time.perf_counter() - t0
+        startup.mark("compile")
+
+    def first_generation(self) -> int:
+        """Generation 1, or the resumed state checked across ranks; the generation reached."""
+        self.t_start = self.t_prev = time.perf_counter()
+        if self.resumed_at is None:
+            self.loop.init(self.cfg.run.seed)
+            startup.mark("first_generation")
+            self.rundir.append_failures(self.loop.failures)
+        else:
+            self.loop.check_replicas()
+        self.gen_prev = self.loop.generation
+        return self.loop.generation
+
+    def advance(self, n: int) -> float:
+        """``n`` generations; the seconds they took (the deadline learns from them too)."""
+        t = time.perf_counter()
+        before = len(self.loop.failures)
+        self.loop.advance(n)
+        seconds = time.perf_counter() - t
+        startup.mark("first_generation")  # (a resumed run's first)
+        self.rundir.append_failures(self.loop.failures[before:])
+        self.stop.deadline.note_chunk(seconds)
+        return seconds
+
+    def log(self, gen: int, metrics: RecordWriter) -> None:
+        """A log boundary: replicas checked, a metrics record, a progress line."""
+        self.loop.check_replicas()
+        now, evals, counts = time.perf_counter(), self.loop.evaluations, self.loop.counters()
+        rec = {"generation": gen, "evaluations": evals, **self.loop.boundary(), "wall_s": now - self.t_start,
+               "evals_per_s": (evals - evaluations(self.loop.algorithm, self.gen_prev)) / max(now - self.t_prev, 1e-12),
+               **counts}
+        self.t_prev, self.gen_prev = now, gen
+        metrics.write(rec)
+        self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
+
+    def write_checkpoint(self, gen: int) -> None:
+        t = time.perf_counter()
+        ck = self.cfg.checkpoint
+        try:
+            self.last_checkpoint = checkpoint.write(
+                self.ctx, self.rundir.paths.checkpoints, self.loop.snapshot(self.parts.config_text),
+                keep=ck.keep, keep_every=ck.keep_every, stuck_after=ck.stuck_seconds)
+        except CheckpointError as e:
+            err = CheckpointError(
+                f"{e}. The checkpoints written before are intact (newest: "
+                f"{self.last_checkpoint or 'none yet'}); free space or fix the directory, then --resume")
+            err.stranded = e.stranded
+            raise err from None
+        seconds = time.perf_counter() - t
+        self.checkpoint_s += seconds
+        self.stop.checkpoint_written(seconds)
+        self.policy.last = gen
+        self.report.line(f"checkpoint {self.last_checkpoint.name} written in {seconds:.2f} s", progress=True)
+
+    def outcome(self) -> dict[str, Any]:
+        """What the final state holds: the recorder's summary and the digest."""
+        return {**self.loop.outcome(), "state_digest": self.loop.digest()}
+
+    def finish(self, outcome: dict[str, Any], stopped: Decision | None) -> dict[str, Any]:
+        """The summary (written to summary.json when the run completed) and the last line."""
+        summary = self.summary(outcome, stopped)
+        gen, G = summary["generations"], self.cfg.run.generations
+        if stopped is not None:
+            self.report.line(f"stopped by {stopped.why} at generation {gen} of {G}; checkpoint "
+                             f"{self.last_checkpoint}. Continue with: hpcevo run CONFIG --resume  "
+                             f"(exit code {EXIT_STOPPED})")
+            return summary
+        self.rundir.write_summary(summary)
+        if "best_fitness" in summary:
+            result = f"best fitness {summary['best_fitness']:.10e}"
+        else:
+            hv = summary["hypervolume"]
+            result = f"front of {summary['front_size']}" + ("" if hv is None else f", hypervolume {hv:.10e}")
+        self.report.line(f"done: {result} after {summary['evaluations']} evaluations in {summary['wall_s']:.2f} s  "
+                         f"({self.rundir.paths.summary})")
+        return summary
+
+    def summary(self, outcome: dict[str, Any], stopped: Decision | None) -> dict[str, Any]:
+        cfg, loop, wall = self.cfg, self.loop, time.perf_counter() - self.t_start
+        digest, counts = outcome.pop("state_digest"), loop.counters()
+        start = self.resumed_at or 0
+        return {
+            "name": cfg.run.name, "status": "stopped" if stopped else "complete",
+            "algorithm": self.parts.algorithm_name, "problem": self.parts.problem.name,
+            "dim": loop.problem.dim, "pop_size": loop.algorithm.pop_size, "seed": cfg.run.seed,
+            "dtype": cfg.run.dtype,
+            **outcome,  # best fitness and solution; or the front, its hypervolume and IGD
+            "generations": loop.generation, "evaluations": loop.evaluations, **counts,
+            "batch_size_exact": self.parts.exact, "resumed_from": start or None,
+            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "wall_s": wall, "compile_s": self.compile_s, "compile_cache": self.parts.compile_cache,
+            "startup_s": startup.phases(), "checkpoint_s": self.checkpoint_s,
+            "evals_per_s": (loop.evaluations - evaluations(loop.algorithm, start)) / max(wall, 1e-12),
+            "ranks": self.ctx.size, "device": self.ctx.device_kind, "state_digest": digest,
+            "versions": versions(),
+        }
+
+
+class Built:
+    """The problem, algorithm and resolved config of a run, built on every rank (any rank's
+    failure, such as a problem file missing on one node, is every rank's)."""
+
+    def __init__(self, problem, algorithm, resolved: dict[str, Any], exact: bool | None, compile_cache: str | None):
+        self.problem, self.algorithm, self.resolved, self.exact = problem, algorithm, resolved, exact
+        self.config_text = build.dump(resolved)
+        self.algorithm_name = resolved["algorithm"]["name"]
+        self.compile_cache = compile_cache
+
+    @classmethod
+    def of(cls, ctx: ParallelContext, cfg: RunConfig, held_problem, held_algorithm, host) -> "Built":
+        cache = build.enable_compile_cache(cfg)
+        problem = algorithm = None
+        with collective_stage(ctx):
+            problem = build.build_problem(cfg, held_problem, host=host, held_algorithm=held_algorithm)
+            algorithm = build.build_algorithm(cfg, problem, held_algorithm)
+        resolved = build.resolved(cfg, problem, algorithm, held_problem is not None, held_algorithm is not None)
+        return cls(problem, algorithm, resolved, build.probe_batch_size(cfg, problem, algorithm), cache)

@@ -1,0 +1,251 @@
+"""``Loop``: one population evolving on the ranks of a parallel context.
+
+The step-level API, and the object ``hpcevo.run`` drives (so a test that drives a ``Loop`` drives
+the loop users run)::
+
+    ctx = hpcevo.parallel.init()
+    problem = hpcevo.problems.make_problem("ackley", 100)
+    algorithm = hpcevo.algorithms.CSO(pop_size=1024, dim=100, lb=problem.lb, ub=problem.ub)
+    loop = hpcevo.Loop(algorithm, problem, ctx).init(seed=42)   # generation 1
+    loop.advance(99)                    # 99 more, jitted, many generations a dispatch
+    loop.best_fitness, loop.best_solution, loop.state, loop.history["best"]
+    path = loop.save("ckpt/")           # a checkpoint, written by every rank together
+    loop = hpcevo.Loop(algorithm, problem, ctx).load(path)   # at any rank count
+
+Every method that computes is collective: every rank of ``ctx`` calls it, with the same
+arguments. The state is replicated: every rank holds the same bits. ``advance`` donates the
+state's buffers to the next dispatch: a state read from ``loop.state`` before ``advance`` is not
+valid after it (``jax.device_get`` it first to keep it).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import checkpoint
+from ..algorithms.base import Algorithm
+from ..errors import UsageError
+from ..parallel import ParallelContext, check_replicas
+from ..problems import as_problem
+from ..problems.base import HostProblem, Problem
+from .engine import MAX_CHUNK, DeviceEngine, Engine, state_digest
+from .host_engine import HostEngine
+from .recording import recorder_for
+
+
+class HistoryBuffer:
+    """Per-generation history on the host, grown by doubling (appending stays O(1) amortised)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.cols: dict[str, np.ndarray] = {}
+
+    def append(self, part: dict[str, np.ndarray]) -> None:
+        m = len(next(iter(part.values())))
+        for k, v in part.items():
+            col = self.cols.get(k)
+            if col is None:
+                col = self.cols[k] = np.zeros(max(1024, m), np.asarray(v).dtype)
+            if self.n + m > len(col):
+                grown = np.zeros(max(2 * len(col), self.n + m), col.dtype)
+                grown[: self.n] = col[: self.n]
+                col = self.cols[k] = grown
+            col[self.n : self.n + m] = v
+        self.n += m
+
+    def view(self) -> dict[str, np.ndarray]:
+        return {k: v[: self.n] for k, v in self.cols.items()}
+
+
+class Loop:
+    """``algorithm`` on ``problem`` over ``ctx``'s ranks (default: ``hpcevo.parallel.init()``).
+
+    ``problem``: a ``Problem`` or ``HostProblem`` object, or a JAX function of a candidate
+    ``(dim,) -> ()`` or of a block ``(n, dim) -> (n,)`` (with ``host=True``: a NumPy function),
+    whose dim and bounds, unless it carries its own, are the algorithm's. ``microbatch``: rows
+    per evaluation micro-batch (default: a function of the population only); ``batch_size``:
+    most rows one call of the problem sees; ``recorder``: what the state tracks besides the
+    algorithm's (default: ``recording.recorder_for(problem)``); ``concurrency``, ``schedule``,
+    ``penalty``: host problems only (``host_engine.HostEngine``).
+    """
+
+    def __init__(self, algorithm: Algorithm, problem: Any, ctx: ParallelContext | None = None, *,
+                 host: bool = False, microbatch: int | None = None, batch_size: int | None = None,
+                 recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf):
+        if ctx is None:
+            from ..parallel import init
+
+            ctx = init()
+        if host or not isinstance(problem, (Problem, HostProblem)):
+            try:
+                problem = as_problem(problem, host=host, dtype=algorithm.dtype,
+                                     fallback=(algorithm.dim, algorithm.lb, algorithm.ub))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        self.ctx, self.algorithm, self.problem = ctx, algorithm, problem
+        self.engine: Engine
+        if problem.host:
+            self.engine = HostEngine(algorithm, problem, ctx, microbatch=microbatch, batch_size=batch_size,
+                                     concurrency=concurrency, schedule=schedule, penalty=penalty)
+        else:
+            self.engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=microbatch,
+                                       batch_size=batch_size, with_generation=problem.wants_generation,
+                                       recorder=recorder if recorder is not None else recorder_for(problem))
+        self.seed: int | None = None
+        self.state: Any = None
+        self.generation = 0  # generations completed (1: the initial population evaluated)
+        self._history = HistoryBuffer()
+        self.failures: list[dict] = []  # failed host evaluations so far (rank 0)
+
+    # -- running -----------------------------------------------------------------------------------
+    def init(self, seed: int) -> "Loop":
+        """Start from ``seed`` and evaluate the initial population (generation 1)."""
+        self.state, part = self.engine.start(seed)
+        self.seed, self.generation = seed, 1
+        self._history = HistoryBuffer()
+        self._took(part)
+        return self
+
+    def advance(self, generations: int = 1) -> "Loop":
+        """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations."""
+        self._require_state()
+        if generations < 0:
+            raise ValueError(f"advance: generations must be >= 0, got {generations}")
+        while generations > 0:
+            n = min(generations, MAX_CHUNK)
+            self.state, part = self.engine.advance(self.state, n)
+            self.generation += n
+            generations -= n
+            self._took(part)
+        return self
+
+    def _took(self, part: dict[str, np.ndarray]) -> None:
+        self._history.append(part)
+        self.failures += self.engine.take_failures()
+
+    def compile(self, seed: int = 0, first: bool = True) -> "Loop":
+        """Compile ahead of time, so that timing the first dispatch does not time compilation."""
+        self.engine.compile(seed, first=first)
+        return self
+
+    def close(self) -> None:
+        """Free what the engine holds (host problems: threads, simulator processes). Collective."""
+        self.engine.close()
+
+    def __enter__(self) -> "Loop":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:  # (collective: not on the way out with an error)
+            self.close()
+
+    # -- reading (this rank alone; every rank holds the same) -------------------------------------
+    @property
+    def history(self) -> dict[str, np.ndarray]:
+        """One value per generation so far, by series (``best``, ``gen_mean``...)."""
+        return self._history.view()
+
+    @property
+    def best_fitness(self) -> float:
+        """The best fitness seen so far (single-objective runs)."""
+        return float(self._single().best_f)
+
+    @property
+    def best_solution(self) -> np.ndarray:
+        """Where it was seen."""
+        return np.asarray(jax.device_get(self._single().best_x))
+
+    @property
+    def front(self) -> tuple[np.ndarray, np.ndarray]:
+        """Multi-objective runs: the population's non-dominated candidates and their objectives."""
+        state = self._require_state()
+        if self.engine.recorder.kind != "multi-objective":
+            raise UsageError("a single-objective run has no front: read best_fitness and best_solution")
+        n = int(state.front_size)
+        return np.asarray(jax.device_get(state.front_x[:n])), np.asarray(jax.device_get(state.front_f[:n]))
+
+    def _single(self) -> Any:
+        state = self._require_state()
+        if self.engine.recorder.kind != "single-objective":
+            raise UsageError("a multi-objective run has no single best: read front (or outcome())")
+        return state
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations done so far (exact; Python ints never overflow)."""
+        return evaluations(self.algorithm, self.generation)
+
+    def population(self) -> tuple[np.ndarray, np.ndarray]:
+        """The algorithm's current population and its fitness (``Algorithm.population``)."""
+        x, f = self.algorithm.population(self._require_state().algo)
+        return np.asarray(jax.device_get(x)), np.asarray(jax.device_get(f))
+
+    def boundary(self) -> dict[str, Any]:
+        """What a log boundary reports of the state (best, generation mean...; or hv, igd...)."""
+        return self.engine.recorder.boundary(self._require_state())
+
+    def counters(self) -> dict[str, int]:
+        """Counts besides the recorder's (host problems: failed_evaluations)."""
+        return self.engine.counters(self._require_state())
+
+    def outcome(self) -> dict[str, Any]:
+        """The outcome so far: best fitness and solution (or the front and its indicators)."""
+        return self.engine.recorder.summary(self._require_state())
+
+    def digest(self) -> str:
+        """SHA-256 of the whole state: equal digests, bitwise equal runs."""
+        return state_digest(self._require_state())
+
+    def check_replicas(self) -> None:
+        """Collective: DivergenceError on every rank if any rank's state differs from rank 0's."""
+        check_replicas(self.ctx, self.engine.fingerprint(self._require_state()), self.generation)
+
+    def _require_state(self) -> Any:
+        if self.state is None:
+            raise UsageError("this Loop has no state yet: call init(seed) or load(path) first")
+        return self.state
+
+    # -- checkpoints (collective) ----------------------------------------------------------------
+    def snapshot(self, config_text: str = "") -> checkpoint.Snapshot:
+        """What a checkpoint of this loop holds (``config_text``: the run's resolved config)."""
+        return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text,
+                                   self._require_state(), self.history, self.algorithm.num_init,
+                                   self.algorithm.num_ask)
+
+    def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
+        """Write a checkpoint into ``directory`` (``gen-NNNNNNNNN.h5``; the newest ``keep`` are
+        kept). Every rank writes its share; any rank's failure is CheckpointError everywhere."""
+        return checkpoint.write(self.ctx, Path(directory), self.snapshot(config_text), keep=keep)
+
+    def template(self) -> Any:
+        """Shapes and dtypes of the state (what a checkpoint of this loop must hold)."""
+        return self.engine.template(self.seed or 0)
+
+    def load(self, path: str | Path) -> "Loop":
+        """Continue from a checkpoint file (written at any rank count): the state, history and
+        generation it holds. CheckpointDamaged for a file that cannot be trusted; UsageError for
+        one written by another algorithm or problem."""
+        return self.restore(checkpoint.load(self.ctx, Path(path), self.template()))
+
+    def restore(self, loaded: checkpoint.Loaded) -> "Loop":
+        fields = sorted(self.engine.recorder.history_type._fields)
+        if sorted(loaded.history) != fields:
+            raise UsageError(f"cannot resume from '{loaded.header.path}': its history has "
+                             f"{sorted(loaded.history)}, this run keeps {fields}: it was written by another "
+                             "kind of run")
+        self.state, self.seed, self.generation = loaded.state, loaded.header.seed, loaded.header.generation
+        self._history = HistoryBuffer()
+        self._history.append(loaded.history)
+        return self
+
+
+def evaluations(algorithm: Algorithm, generation: int) -> int:
+    """Evaluations done after ``generation`` generations."""
+    if generation <= 0:
+        return 0
+    return algorithm.num_init + (generation - 1) * algorithm.num_ask

@@ -1,0 +1,21 @@
+"""The way in for a program: this process's place in the job, bound to its device."""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from .context import ParallelContext, bind, discover
+from .control import collective_stage
+
+
+def init(device: str = "auto", threads: int | str = 1, share_gpus: bool = False) -> ParallelContext:
+    """This process's context in the job (``mpiexec -n N python script.py``, or alone), bound to
+    its device as ``device`` ("auto", "cpu", "gpu"), ``threads`` (XLA CPU threads per rank, or
+    "auto") and ``share_gpus`` ask (``binding.py``). Collective on the first call, and it must
+    come before the first JAX computation; later calls return the same context, binding unchanged.
+    Raises UsageError on every rank when the binding asked for cannot be had on some rank's node.
+    """
+    ctx = discover()
+    if ctx.binding is None:
+        with collective_stage(ctx, catch=UsageError):
+            bind(ctx, device, threads, share_gpus)
+    return ctx

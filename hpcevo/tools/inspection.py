@@ -1,0 +1,179 @@
+"""Looking at runs after the fact: ``hpcevo inspect`` and ``hpcevo plot``. One process, no MPI.
+
+Everything here reads through ``hpcevo.open_run`` (``driver.result.RunRecord``), the owner of
+the run directory's layout, and ``hpcevo.checkpoint``'s one-process readers.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import checkpoint
+from ..driver.recording import history_kind
+from ..driver.result import RunRecord
+from ..errors import UsageError
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def _config_line(cfg: dict[str, Any]) -> str:
+    run, algo, prob = cfg.get("run", {}), cfg.get("algorithm", {}), cfg.get("problem", {})
+    return (f"{algo.get('name')} (pop {algo.get('pop_size')}) on {prob.get('name')} (dim {prob.get('dim')}), "
+            f"seed {run.get('seed')}, {run.get('generations')} generations, {run.get('dtype', 'float32')}")
+
+
+def _checkpoint_rows(paths: list[Path]) -> tuple[list[str], list[bool]]:
+    """One line per checkpoint, and whether each is damaged (in the order of ``paths``)."""
+    rows, damaged = [], []
+    for p in paths:
+        r = checkpoint.verify_file(p)
+        h = r.header
+        damaged.append(r.problem is not None)
+        if h is None:
+            rows.append(f"  {p.name:<18} {_mb(r.size_bytes):>10}  DAMAGED: {r.problem}")
+            continue
+        state = f"valid (state {_mb(r.state_bytes)})" if r.problem is None else f"DAMAGED: {r.problem}"
+        best = f"{r.best:.6e}" if r.best is not None else "-"
+        rows.append(f"  {p.name:<18} {_mb(r.size_bytes):>10}  gen {h.generation:>8}  evals {h.evaluations:>11}  "
+                    f"best {best:>13}  {h.ranks:>3} rank(s)  {h.created}  {state}")
+    return rows, damaged
+
+
+def inspect(path: str | Path) -> tuple[str, bool]:
+    """A human-readable account of a run directory, a checkpoint directory or one checkpoint,
+    and whether the file or the directory's newest checkpoint is damaged: what a resume would
+    have to skip, so ``hpcevo inspect`` exits non-zero for it."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"'{path}' not found")
+    if path.is_file():
+        return _inspect_file(path)
+    run = RunRecord(path)
+    lines = []
+    cfg = run.config
+    if cfg is not None:
+        lines += [f"run         {path}", f"config      {_config_line(cfg)}"]
+        summary = run.summary
+        if summary is not None:
+            lines.append(f"finished    generation {summary['generations']}, {_outcome(summary)}, "
+                         f"{summary['evaluations']} evaluations, {summary['ranks']} rank(s), "
+                         f"{summary['wall_s']:.1f} s, digest {summary['state_digest'][:16]}")
+        else:
+            recs = run.records
+            lines.append("status      not finished" + (
+                f"; last logged generation {recs[-1]['generation']}, {_outcome(recs[-1])}" if recs else ""))
+    ckdir = run.paths.checkpoints
+    paths = checkpoint.list_checkpoints(ckdir)
+    partial = [p.name for p in run.partial_checkpoints]
+    lines.append(f"checkpoints {ckdir}: {len(paths)}" + (f" (+ unfinished: {', '.join(partial)})" if partial else ""))
+    rows, damaged = _checkpoint_rows(paths)
+    lines += rows
+    return "\n".join(lines), bool(damaged) and damaged[0]
+
+
+def _inspect_file(path: Path) -> tuple[str, bool]:
+    r = checkpoint.verify_file(path)
+    lines = [f"checkpoint  {path}  ({_mb(r.size_bytes)})"]
+    if r.header is not None:
+        h = r.header
+        lines += [
+            f"generation  {h.generation} ({h.evaluations} evaluations)",
+            f"best        {r.best:.10e}" if r.best is not None else "best        -",
+            f"written by  {h.ranks} rank(s), {h.created}, hpcevo {h.hpcevo_version}",
+            f"config      {_config_line(tomllib.loads(h.config_text)) if h.config_text else '-'}",
+            f"state       {_mb(r.state_bytes)}",
+        ]
+    lines.append("status      " + ("valid: every checksum matches" if r.problem is None else f"DAMAGED: {r.problem}"))
+    return "\n".join(lines), r.problem is not None
+
+
+def _outcome(rec: dict[str, Any]) -> str:
+    """The headline of a summary or metrics record: best fitness, or the front's indicators."""
+    if "best_fitness" in rec or "best" in rec:
+        return f"best {rec.get('best_fitness', rec.get('best')):.10e}"
+    hv, igd = rec.get("hypervolume", rec.get("hv")), rec.get("igd")
+    return (f"front of {rec['front_size']}" + ("" if hv is None else f", hypervolume {hv:.6e}")
+            + ("" if igd is None else f", IGD {igd:.6e}"))
+
+
+def _history(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]:
+    """Per-generation history, evaluations, where they came from and the run's kind: from the
+    newest valid checkpoint, else the per-boundary records of metrics.jsonl."""
+    if path.is_file():
+        r = checkpoint.verify_file(path)
+        if r.problem is not None:
+            raise UsageError(f"'{path}' cannot be plotted: {r.problem}")
+        found = checkpoint.read_history(path), r.header
+    else:
+        run = RunRecord(path)
+        found = run.history()
+        if found is None:
+            return _metrics_history(run, path)
+    hist, header = found
+    n = len(next(iter(hist.values())))
+    return hist, header.num_init + header.num_ask * np.arange(n), header.path.name, history_kind(hist)
+
+
+def _metrics_history(run: RunRecord, path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]:
+    m = run.metrics
+    if not m:
+        raise UsageError(f"'{path}' has no valid checkpoint and no metrics.jsonl to plot")
+    kind = run.kind
+    keep = ("hv", "igd") if kind == "multi-objective" else ("best", "gen_best", "gen_mean")
+    return {k: m[k] for k in (*keep, "generation")}, m["evaluations"], "metrics.jsonl", kind
+
+
+def plot_run(run: str | Path, output: str | Path | None = None) -> Path:
+    """Best-so-far and generation mean against generations and evaluations, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = Path(run)
+    if not run.exists():
+        raise UsageError(f"'{run}' not found")
+    hist, evals, source, kind = _history(run)
+    gens = hist.get("generation", np.arange(1, len(next(iter(hist.values()))) + 1))
+    out = Path(output) if output else (run.parent if run.is_file() else run) / "convergence.png"
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    if kind == "multi-objective":
+        _plot_front_indicators(axes, gens, hist)
+    else:
+        _plot_fitness(axes, gens, evals, hist)
+    fig.suptitle(f"{run.name}  (from {source})")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _plot_front_indicators(axes, gens: np.ndarray, hist: dict[str, np.ndarray]) -> None:
+    """Multi-objective: the front's indicators against generations."""
+    for ax, key, label in ((axes[0], "hv", "hypervolume (maximised)"), (axes[1], "igd", "IGD (minimised)")):
+        ax.plot(gens, hist[key], "-", linewidth=1.2)
+        ax.set_xlabel("generation")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+
+
+def _plot_fitness(axes, gens: np.ndarray, evals: np.ndarray, hist: dict[str, np.ndarray]) -> None:
+    series = [("best so far", hist["best"], "-"), ("generation best", hist["gen_best"], ":"),
+              ("generation mean", hist["gen_mean"], "--")]
+    for ax, x, label in ((axes[0], gens, "generation"), (axes[1], evals, "evaluations")):
+        for name, y, style in series:
+            ax.plot(x, y, style, label=name, linewidth=1.4 if name == "best so far" else 1.0)
+        ys = np.concatenate([s[1] for s in series])
+        ys = ys[np.isfinite(ys)]
+        if ys.size and ys.min() > 0 and ys.max() / ys.min() > 100:
+            ax.set_yscale("log")  # fitness spanning decades reads better on a log axis
+        ax.set_xlabel(label)
+        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 5))
+        ax.set_ylabel("fitness (minimised)")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend()
