@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite through CTest at 1, 2, 3 and 4 ranks.
-# Extra arguments go to ctest, e.g.  scripts/test.sh -L np3   or   scripts/test.sh -R launcher
+# Extra arguments go to ctest, e.g.  scripts/test.sh -L quick   (the inner loop: a few minutes),
+# scripts/test.sh -L np3,  scripts/test.sh -R launcher.  HPCEVO_TEST_JOBS: ctest's -j (default 2).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
@@ -13,4 +14,4 @@ if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; the
 fi
 "${BIN}cmake" -S "$ROOT" -B "$ROOT/build" -DPython_EXECUTABLE="$VENV/bin/python" -DMPIEXEC_MAX_NUMPROCS=4 >/dev/null
 cd "$ROOT/build"
-exec "${BIN}ctest" --output-on-failure "$@"
+exec "${BIN}ctest" --output-on-failure -j "${HPCEVO_TEST_JOBS:-2}" "$@"

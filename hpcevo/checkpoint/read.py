@@ -151,38 +151,39 @@ def _verify(d, arr: np.ndarray, share: tuple[int, int] | None = None) -> None:
 # -- one process, no MPI: for `hpcevo inspect`, `hpcevo.open_run` ---------------------------------
 def describe(path: Path) -> Report:
     """The header of ``path`` on this process alone, without checking the data (cheap)."""
-    path = Path(path)
-    report = Report(path, path.stat().st_size if path.exists() else 0, None, None)
-    try:
-        with _open(None, path) as f:
-            report.header = _complete_header(f, path)
-    except Exception as e:  # noqa: BLE001
-        report.problem = str(_damaged(e))
-    return report
+    return _report(Path(path), verify=False)
 
 
 def verify_file(path: Path) -> Report:
     """Open ``path`` on this process alone and check everything: header, every checksum."""
-    import h5py
+    return _report(Path(path), verify=True)
 
-    path = Path(path)
+
+def _report(path: Path, verify: bool) -> Report:
     report = Report(path, path.stat().st_size if path.exists() else 0, None, None)
     try:
         with _open(None, path) as f:
             report.header = _complete_header(f, path)
-            names: list[str] = []
-            f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
-            for name in names:
-                d = f[name]
-                arr = np.asarray(d[()])
-                _verify(d, arr)
-                if name.startswith("state/"):
-                    report.state_bytes += arr.nbytes
-            if "state/best_f" in f:
-                report.best = float(f["state/best_f"][()])
-    except Exception as e:  # noqa: BLE001
+            if verify:
+                _verify_all(f, report)
+    except Exception as e:  # noqa: BLE001  (whatever h5py raises, the file is damaged)
         report.problem = str(_damaged(e))
     return report
+
+
+def _verify_all(f, report: Report) -> None:
+    import h5py
+
+    names: list[str] = []
+    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    for name in names:
+        d = f[name]
+        arr = np.asarray(d[()])
+        _verify(d, arr)
+        if name.startswith("state/"):
+            report.state_bytes += arr.nbytes
+    if "state/best_f" in f:
+        report.best = float(f["state/best_f"][()])
 
 
 def read_history(path: Path) -> dict[str, np.ndarray]:
