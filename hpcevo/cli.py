@@ -25,7 +25,9 @@ class _Parser(argparse.ArgumentParser):
     root = True
 
     def error(self, message: str):  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        # main prints "hpcevo: error: ..."; the sub-command names where ("run: ...").
+        where = self.prog.removeprefix("hpcevo").strip()
+        raise UsageError(f"{where + ': ' if where else ''}{message} (see {self.prog} --help)")
 
     def _print_message(self, message, file=None):
         if self.root:
@@ -49,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="what is in a run directory or checkpoint file, and whether "
                              "it validates (exit 1: the file, or the directory's newest checkpoint, is damaged)")
     inspect.add_argument("path", help="run directory, checkpoint directory or checkpoint file (.h5)")
-    plot = sub.add_parser("plot", help="convergence picture of a run (PNG)")
-    plot.add_argument("run_dir", help="run directory (or a checkpoint file)")
-    plot.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/convergence.png)")
+    plot = sub.add_parser("plot", help="convergence picture of a run, or of several runs compared (PNG)")
+    plot.add_argument("run_dir", nargs="+", help="run directory (or a checkpoint file); several: a comparison "
+                      "(median and quartiles of the runs that differ only in seed)")
+    plot.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/convergence.png; several runs: "
+                      "comparison.png beside the first)")
     _jobs_parser(sub)
     model = sub.add_parser("model", help="project step time and parallel efficiency to many ranks (no MPI needed)")
     model.add_argument("--pop", type=int, required=True, help="candidates evaluated per generation")
@@ -140,12 +144,17 @@ def _load_and_bind(ctx, source):
 
 
 def _run(ctx, args) -> int:
+    from pathlib import Path
+
     from .api import run
     from .driver.rundir import run_config_path
     from .errors import EXIT_STOPPED
 
     def source():
         if args.command == "resume":
+            if Path(args.run_dir).is_file():
+                raise UsageError(f"resume takes a run directory, and '{args.run_dir}' is a file; to continue "
+                                 f"the run of a config: hpcevo run {args.run_dir} --resume")
             # The run stays where it is, wherever it is resumed from.
             return run_config_path(args.run_dir), [f"run.out={json.dumps(str(args.run_dir))}", *args.overrides]
         return args.config, args.overrides
@@ -181,17 +190,22 @@ def _inspect(ctx, args) -> int:
 
 
 def _plot(ctx, args) -> int:
-    from .tools.inspection import plot_run
+    from .tools.plotting import plot
 
     if ctx.is_root:
-        print(f"wrote {plot_run(args.run_dir, args.output)}")
+        print(f"wrote {plot(args.run_dir, args.output)}")
     return 0
 
 
 def _info(ctx, args) -> int:
     from .parallel.info import describe, render
 
-    _load_and_bind(ctx, lambda: (args.config, args.overrides))
+    def source():
+        if args.overrides and not args.config:
+            raise UsageError("info: --set needs a config to override (hpcevo info CONFIG --set KEY=VALUE)")
+        return args.config, args.overrides
+
+    _load_and_bind(ctx, source)
     text = render(describe(ctx))
     if ctx.is_root:
         print(text)
@@ -209,7 +223,7 @@ def _jobs(ctx, args) -> int:
             req = dataclasses.replace(req, script_path=args.out)
         text = render(req)
         if args.out:
-            Path(args.out).write_text(text)
+            _write_script(Path(args.out), text)
         else:
             sys.stdout.write(text)
         return 0
@@ -217,6 +231,15 @@ def _jobs(ctx, args) -> int:
     script = Path(args.out or f"{req.job_name or Path(req.config).stem}{suffix}")
     print(submit(req, script))
     return 0
+
+
+def _write_script(path, text: str) -> None:
+    if not path.parent.is_dir():
+        raise UsageError(f"-o {path}: directory '{path.parent}' does not exist")
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise UsageError(f"-o {path}: cannot write: {e.strerror}") from None
 
 
 def _job_request(args):
@@ -236,10 +259,22 @@ def _job_request(args):
 def main(argv: list[str] | None = None) -> int:
     argv_list = sys.argv[1:] if argv is None else list(argv)
     # Job scripts are written and models run on login nodes, where MPI_Init may not work.
-    ctx = None if argv_list[:1] in (["jobs"], ["model"]) else _discover()
+    offline = argv_list[:1] in (["jobs"], ["model"])
+    if offline and _launcher_rank() > 0:
+        return 0  # started by a launcher anyway: rank 0 alone writes, submits and speaks
+    ctx = None if offline else _discover()
     code = _main(ctx, argv_list)
     _record_exit(ctx, code)
     return code
+
+
+def _launcher_rank() -> int:
+    """This process's rank as the launcher's environment says, without MPI (0 when alone)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def _record_exit(ctx, code: int) -> None:

@@ -18,11 +18,19 @@ import re
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError, did_you_mean
+
+
+INT32_MAX = 2**31 - 1
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# A config needs only what has no sensible default: which algorithm, which problem (and its dim).
+DEFAULT_GENERATIONS = 100
+DEFAULT_POP_SIZE = 100
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class _Section(BaseModel):
@@ -31,9 +39,11 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=128)
+    # Default (filled in by config_from_dict): the config file's name, else "<algorithm>-<problem>".
+    name: str = Field(pattern=NAME_PATTERN, max_length=128)
     seed: int = Field(0, ge=0, lt=2**32)
-    generations: int = Field(ge=1)
+    # The generation counter is a 32-bit integer inside the jitted loop.
+    generations: int = Field(DEFAULT_GENERATIONS, ge=1, le=INT32_MAX)
     out: str | None = None  # default: runs/<name>, relative to the working directory
     dtype: Literal["float32", "float64"] = "float32"
 
@@ -43,7 +53,7 @@ class AlgorithmSection(_Section):
     # algorithm's dataclass, the single home of their defaults.
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
     name: str
-    pop_size: int = Field(ge=1)
+    pop_size: int = Field(DEFAULT_POP_SIZE, ge=1, le=INT32_MAX)  # what fits in memory is checked at start-up
 
 
 class ProblemSection(_Section):
@@ -51,7 +61,7 @@ class ProblemSection(_Section):
     name: str | None = None
     # Required by the classic and CEC functions; neuro derives it from the network, and a user's
     # problem may carry its own (see hpcevo/problems).
-    dim: int | None = Field(None, ge=1)
+    dim: int | None = Field(None, ge=1, le=INT32_MAX)
     lb: float | list[float] | None = None
     ub: float | list[float] | None = None
     args: dict[str, Any] = Field(default_factory=dict)  # the problem's own arguments
@@ -103,7 +113,7 @@ class ParallelSection(_Section):
     # bits of a result. A fixed default keeps runs bitwise equal at any rank count; "auto" (a
     # fair share of the node's cores) is faster on few ranks but only reproducible at the same
     # rank count.
-    threads_per_rank: int | Literal["auto"] = 1
+    threads_per_rank: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = 1
     # Rows per evaluation micro-batch; depends on the population size only, never on the rank
     # count (that is what keeps evaluation bitwise identical across rank counts). 0 = automatic.
     microbatch: int = Field(0, ge=0)
@@ -236,7 +246,8 @@ def _format_validation(err: ValidationError, model: type[BaseModel], where: str,
         elif e["type"] == "value_error":  # our own validators' messages, kept as written
             lines.append(f"'{key}': {e['ctx']['error']}")
         else:
-            lines.append(f"'{key}': {e['msg'].lower()}; got {e['input']!r}")
+            msg = e["msg"][:1].lower() + e["msg"][1:]  # lower-casing all would change a regex it shows
+            lines.append(f"'{key}': {msg}; got {_short(e['input'])}")
     text = f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
     return ConfigError(text, keys[0] if len(set(keys)) == 1 else "")
 
@@ -247,32 +258,77 @@ def read_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunCo
     path = Path(path)
     where = str(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file '{path}' not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file '{path}' is a directory, not a TOML file") from None
     except OSError as e:
         raise ConfigError(f"config file '{path}' cannot be read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); "
+                          "TOML files are UTF-8: save it as UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}") from None
-    return config_from_dict(data, where, overrides)
+    return config_from_dict(data, where, overrides, default_name=path.stem)
 
 
-def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequence[str] = ()) -> RunConfig:
+def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequence[str] = (),
+                     default_name: str | None = None) -> RunConfig:
     """The schema's view of ``data`` (a TOML document as a dict) after ``overrides``; builds
-    nothing (see the module docstring)."""
+    nothing (see the module docstring). ``default_name``: run.name when the config has none
+    (default: "<algorithm>-<problem>")."""
     data = _copy(data)
     if overrides:
         where = f"{where} (with --set {' '.join(overrides)})"
     for text in overrides:
         keys, value = parse_override(text)
         _apply_override(data, keys, value, text)
+    _default_name(data, default_name)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise _format_validation(e, RunConfig, where, data) from None
+    _check_bounds(cfg, where)
     return cfg.with_source(where)
+
+
+def _default_name(data: dict, name: str | None) -> None:
+    run = data.setdefault("run", {})
+    if not isinstance(run, dict) or "name" in run:
+        return  # a [run] that is not a table is the schema's to report
+    if name is None:
+        parts = [(data.get(k) or {}).get("name") if isinstance(data.get(k), dict) else None
+                 for k in ("algorithm", "problem")]
+        name = "-".join(p.rsplit(":", 1)[-1] for p in parts if isinstance(p, str)) or "run"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:128] or "run"
+    run["name"] = name
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut short: a 10,000-element list would bury the message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _check_bounds(cfg: RunConfig, where: str) -> None:
+    """Bounds must be numbers the run's dtype can hold: inf or a float64 beyond float32's range
+    would turn every candidate of a float32 run into inf."""
+    limit, dtype = (FLOAT32_MAX, "float32") if cfg.run.dtype == "float32" else (math.inf, "float64")
+    for key in ("lb", "ub"):
+        value = getattr(cfg.problem, key)
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        bad = [v for v in values if not math.isfinite(v) or abs(v) > limit]
+        if bad:
+            hint = " (run.dtype = \"float64\" holds up to 1.8e308)" if dtype == "float32" and all(
+                math.isfinite(v) for v in bad) else ""
+            raise ConfigError(f"{where}: 'problem.{key}': {bad[0]!r} is outside what {dtype} holds: bounds must be "
+                              f"finite numbers within +-{limit:.4g}{hint}", f"problem.{key}")
 
 
 def _copy(data: Any) -> Any:

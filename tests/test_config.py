@@ -118,8 +118,8 @@ def test_unknown_problem_and_algorithm():
 @pytest.mark.single_process
 def test_missing_required_key():
     d = base()
-    del d["run"]["generations"]
-    assert "missing required key 'run.generations'" in error_of(d)
+    del d["algorithm"]["name"]
+    assert "missing required key 'algorithm.name'" in error_of(d)
 
 
 @pytest.mark.single_process

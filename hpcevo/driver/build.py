@@ -31,6 +31,7 @@ from ..problems import as_problem, create, is_deferred
 from ..problems.base import HostProblem, Problem
 from ..problems.user import held_name
 from .recording import recorder_for
+from .resources import check_memory
 
 AnyProblem = typing.Union[Problem, HostProblem]
 
@@ -39,6 +40,9 @@ def check(cfg: RunConfig) -> None:
     """Everything about ``cfg`` that can be checked without importing a user's code."""
     if cfg.algorithm is not None:
         _check_algorithm_section(cfg)
+        if cfg.problem.dim is not None and not cfg.algorithm_params.get("distributed"):
+            # Before anything of size dim is built. (A distributed ES holds no population.)
+            check_memory(cfg.source, cfg.algorithm.pop_size, cfg.problem.dim, cfg.run.dtype)
     if cfg.problem.name is not None:
         _check_host_keys(cfg, cfg.is_host)
         if cfg.algorithm is not None and not is_deferred(cfg.problem.name):
@@ -136,13 +140,18 @@ def build_algorithm(cfg: RunConfig, problem: AnyProblem, held: Algorithm | None 
     if held is not None:
         algorithm = _held_algorithm(cfg, problem, held)
         _check_fit(cfg, problem, type(algorithm), algorithm.distributed)
+        if not algorithm.distributed:
+            check_memory(where, algorithm.pop_size, problem.dim, cfg.run.dtype)
         return algorithm
     if cfg.algorithm is None:
         raise ConfigError(f"{where}: missing required key 'algorithm' (a section with name and pop_size; "
                           "from Python, or pass algorithm= to hpcevo.run)", "algorithm")
     _check_algorithm_section(cfg)
     cls = ALGORITHMS[cfg.algorithm.name]
-    _check_fit(cfg, problem, cls, bool(cfg.algorithm_params.get("distributed")))
+    distributed = bool(cfg.algorithm_params.get("distributed"))
+    _check_fit(cfg, problem, cls, distributed)
+    if not distributed:
+        check_memory(where, cfg.algorithm.pop_size, problem.dim, cfg.run.dtype)
     extra = {"num_objectives": problem.num_objectives} if cls.multi_objective else {}
     try:
         return cls(pop_size=cfg.algorithm.pop_size, dim=problem.dim, lb=problem.lb, ub=problem.ub,

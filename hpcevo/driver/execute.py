@@ -17,6 +17,7 @@ from ..algorithms.base import Algorithm
 from ..config import RunConfig
 from ..errors import EXIT_STOPPED, CheckpointError
 from ..parallel import ParallelContext, collective_stage
+from ..parallel.info import oversubscription
 from ..provenance import versions
 from . import build, startup
 from .engine import MAX_CHUNK
@@ -122,6 +123,9 @@ class Run:
         if d.at is not None:
             line(f"deadline in {(d.at - time.time()) / 60:.1f} min ({d.source}); stopping {d.margin:.0f} s "
                  "before it, plus the time a chunk and a checkpoint take")
+        crowded = oversubscription(ctx)
+        if crowded:
+            line(f"note: {crowded}")
         pieces = loop.engine.microbatches
         if ctx.size > pieces:
             line(f"warning: {ctx.size} ranks but only {pieces} micro-batches per generation: "

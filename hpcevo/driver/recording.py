@@ -15,6 +15,8 @@ Everything on the device is pure JAX, replicated and computed identically on eve
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -106,6 +108,8 @@ class SingleObjective:
 
     @staticmethod
     def progress(rec: dict[str, Any]) -> str:
+        if not math.isfinite(rec["gen_best"]):  # every evaluation of the generation failed
+            return f"best {rec['best']:.6e}  mean - (no finite fitness in this generation)"
         return f"best {rec['best']:.6e}  mean {rec['gen_mean']:.6e}"
 
     def summary(self, state: LoopState) -> dict[str, Any]:

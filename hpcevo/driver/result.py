@@ -120,13 +120,26 @@ class RunRecord:
         """metrics.jsonl as columns: one array per field (None becomes NaN)."""
         recs = self.records
         keys = list(dict.fromkeys(k for r in recs for k in r))
-        return {k: np.asarray([np.nan if r.get(k) is None else r[k] for r in recs]) for k in keys}
+        return {k: self._column(recs, k) for k in keys}
+
+    def _column(self, recs: list[dict[str, Any]], key: str) -> np.ndarray:
+        values = [np.nan if r.get(key) is None else r[key] for r in recs]
+        for line, v in enumerate(values, 1):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise UsageError(f"'{self.paths.metrics}' line {line}: '{key}' is {str(v)[:40]!r}, not a "
+                                 "number: the file is damaged (written by something other than hpcevo?)")
+        return np.asarray(values)
 
     @property
     def kind(self) -> str | None:
         """"single-objective" or "multi-objective" (None: nothing logged yet)."""
         recs = self.records
-        return kind_of(recs[0]) if recs else None
+        if not recs:
+            return None
+        try:
+            return kind_of(recs[0])
+        except ValueError as e:
+            raise UsageError(f"'{self.paths.metrics}' line 1: {e}: the file is damaged") from None
 
     @property
     def failures(self) -> list[dict[str, Any]]:

@@ -123,10 +123,11 @@ def plan(req: JobRequest) -> Plan:
     if req.scheduler not in SCHEDULERS:
         raise UsageError(f"scheduler {req.scheduler!r}: allowed: {', '.join(SCHEDULERS)}")
     cfg = load_config(req.config, req.overrides)  # ConfigError names the file and the key
-    for value, option in ((req.nodes, "--nodes"), (req.max_requeues + 1, "--max-requeues + 1"),
-                          (req.signal_margin, "--signal-margin")):
+    for value, option in ((req.nodes, "--nodes"), (req.signal_margin, "--signal-margin")):
         if value < 1:
             raise UsageError(f"{option} {value}: must be at least 1")
+    if req.max_requeues < 0:
+        raise UsageError(f"--max-requeues {req.max_requeues}: must be 0 (never requeue) or more")
     if req.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node {req.gpus_per_node}: must be 0 (CPU nodes) or more")
     gpus = req.gpus_per_node

@@ -44,7 +44,21 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
         "h5py_mpi": parallel_hdf5(),
         "versions": versions(),
         "ranks": ranks,
+        "job_notes": [n for n in [oversubscription(ctx)] if n],
     }
+
+
+def oversubscription(ctx: ParallelContext) -> str | None:
+    """A note when this node's CPU ranks (times their threads) outnumber its cores: they then
+    take turns on the cores, and the run is slower than with fewer ranks (not different)."""
+    cores = os.cpu_count() or 1
+    threads = ctx.binding.threads if ctx.binding and ctx.binding.threads else 1
+    if ctx.device_kind == "gpu" or ctx.local_size * threads <= cores:
+        return None
+    fit = max(1, cores // threads)
+    return (f"{ctx.local_size} ranks x {threads} thread(s) on {cores} core(s) of {ctx.host}: the ranks take turns "
+            f"on the cores, so this is slower than {fit} rank(s) would be (the result is the same at any "
+            f"rank count). For speed on this machine: mpiexec -n {fit}")
 
 
 def render(info: dict[str, Any] | None) -> str:
@@ -69,7 +83,7 @@ def render(info: dict[str, Any] | None) -> str:
             f"{r['rank']:>4}  {r['host']:<16} {r['local_rank']:>2}/{r['local_size']:<2}  "
             f"{r['local_rank_source']:<26} {device:<16} {threads:>7}  {cpus:<18} {', '.join(r['jax_devices'])}"
         )
-    notes = [f"rank {r['rank']}: {n}" for r in info["ranks"] for n in r["notes"]]
+    notes = info.get("job_notes", []) + [f"rank {r['rank']}: {n}" for r in info["ranks"] for n in r["notes"]]
     if notes:
         lines += ["", "notes:"] + [f"  {n}" for n in notes]
     return "\n".join(lines)

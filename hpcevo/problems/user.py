@@ -125,7 +125,14 @@ def _where_in(e: BaseException, path: str | None) -> str:
         return f" ({e.filename}, line {e.lineno})"
     if path is not None:
         frames = [f for f in frames if f.filename == path] or frames
+    else:  # the user's own line, not the JAX or hpcevo frames around it
+        frames = [f for f in frames if not _library_frame(f.filename)] or frames
     return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
+def _library_frame(filename: str) -> bool:
+    here = str(Path(__file__).resolve().parents[1])
+    return filename.startswith(here) or "site-packages" in filename or filename.startswith("<frozen")
 
 
 def _load_module(name: str, target: str):
@@ -215,7 +222,7 @@ def _shape_of(fn, shape, dtype):
         return None, (f"raised {_exc(e)}; if it is NumPy (or other non-JAX) code, set "
                       "problem.host = true to evaluate it outside JAX")
     except Exception as e:
-        return None, f"raised {_exc(e)}"
+        return None, f"raised {_exc(e)}{_where_in(e, None)}"
     if not hasattr(out, "shape") or not hasattr(out, "dtype"):
         return None, f"returned {type(out).__name__}, not an array"
     if not (jnp.issubdtype(out.dtype, jnp.floating) or jnp.issubdtype(out.dtype, jnp.integer)):

@@ -1,4 +1,5 @@
-"""Looking at runs after the fact: ``hpcevo inspect`` and ``hpcevo plot``. One process, no MPI.
+"""Looking at runs after the fact: ``hpcevo inspect``, and the histories ``hpcevo plot`` draws
+(``tools.plotting``). One process, no MPI.
 
 Everything here reads through ``hpcevo.open_run`` (``driver.result.RunRecord``), the owner of
 the run directory's layout, and ``hpcevo.checkpoint``'s one-process readers.
@@ -102,7 +103,7 @@ def _outcome(rec: dict[str, Any]) -> str:
             + ("" if igd is None else f", IGD {igd:.6e}"))
 
 
-def _history(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]:
+def history_of(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]:
     """Per-generation history, evaluations, where they came from and the run's kind: from the
     newest valid checkpoint, else the per-boundary records of metrics.jsonl."""
     if path.is_file():
@@ -126,54 +127,7 @@ def _metrics_history(run: RunRecord, path: Path) -> tuple[dict[str, np.ndarray],
         raise UsageError(f"'{path}' has no valid checkpoint and no metrics.jsonl to plot")
     kind = run.kind
     keep = ("hv", "igd") if kind == "multi-objective" else ("best", "gen_best", "gen_mean")
-    return {k: m[k] for k in (*keep, "generation")}, m["evaluations"], "metrics.jsonl", kind
-
-
-def plot_run(run: str | Path, output: str | Path | None = None) -> Path:
-    """Best-so-far and generation mean against generations and evaluations, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    run = Path(run)
-    if not run.exists():
-        raise UsageError(f"'{run}' not found")
-    hist, evals, source, kind = _history(run)
-    gens = hist.get("generation", np.arange(1, len(next(iter(hist.values()))) + 1))
-    out = Path(output) if output else (run.parent if run.is_file() else run) / "convergence.png"
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
-    if kind == "multi-objective":
-        _plot_front_indicators(axes, gens, hist)
-    else:
-        _plot_fitness(axes, gens, evals, hist)
-    fig.suptitle(f"{run.name}  (from {source})")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def _plot_front_indicators(axes, gens: np.ndarray, hist: dict[str, np.ndarray]) -> None:
-    """Multi-objective: the front's indicators against generations."""
-    for ax, key, label in ((axes[0], "hv", "hypervolume (maximised)"), (axes[1], "igd", "IGD (minimised)")):
-        ax.plot(gens, hist[key], "-", linewidth=1.2)
-        ax.set_xlabel("generation")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-
-
-def _plot_fitness(axes, gens: np.ndarray, evals: np.ndarray, hist: dict[str, np.ndarray]) -> None:
-    series = [("best so far", hist["best"], "-"), ("generation best", hist["gen_best"], ":"),
-              ("generation mean", hist["gen_mean"], "--")]
-    for ax, x, label in ((axes[0], gens, "generation"), (axes[1], evals, "evaluations")):
-        for name, y, style in series:
-            ax.plot(x, y, style, label=name, linewidth=1.4 if name == "best so far" else 1.0)
-        ys = np.concatenate([s[1] for s in series])
-        ys = ys[np.isfinite(ys)]
-        if ys.size and ys.min() > 0 and ys.max() / ys.min() > 100:
-            ax.set_yscale("log")  # fitness spanning decades reads better on a log axis
-        ax.set_xlabel(label)
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 5))
-        ax.set_ylabel("fitness (minimised)")
-        ax.grid(True, alpha=0.3)
-    axes[0].legend()
+    missing = [k for k in (*keep, "generation", "evaluations") if k not in m]
+    if missing:
+        raise UsageError(f"'{run.paths.metrics}' lacks the field(s) {', '.join(missing)}: the file is damaged")
+    return {k: m[k] for k in (*keep, "gen_std", "generation") if k in m}, m["evaluations"], "metrics.jsonl", kind

@@ -105,6 +105,9 @@ def workload(pop: int, eval_ms: float, algo_ms: float = 0.0, microbatch: int = 0
     for value, option in ((eval_ms, "--eval-ms"), (algo_ms, "--algo-ms"), (microbatch, "--microbatch")):
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{option} {value}: must be a number >= 0")
+    if eval_ms == 0 and algo_ms == 0:
+        raise UsageError("--eval-ms 0 and --algo-ms 0: a generation that costs nothing cannot be projected; "
+                         "give the milliseconds one evaluation takes (--eval-ms)")
     return Workload(pop=pop, eval_s=eval_ms * 1e-3, algo_s=algo_ms * 1e-3, microbatch=microbatch,
                     itemsize=8 if float64 else 4)
 
