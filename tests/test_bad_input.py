@@ -221,3 +221,11 @@ def test_notes_on_a_collapsed_population_and_a_long_stall():
     text = stream.getvalue()
     assert text.count("the population has collapsed at generation 200") == 1
     assert text.count("has not improved for 200 generations (since generation 100)") == 1
+
+
+def test_an_error_in_a_problem_by_import_path_names_its_file_and_line(tmp_path):
+    (tmp_path / "mine.py").write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sum(x) + undefined\n")
+    path = write(tmp_path, '[algorithm]\nname = "cso"\npop_size = 8\n[problem]\nname = "mine.py:f"\n'
+                           'dim = 4\nlb = -1.0\nub = 1.0\n')
+    msg = one_error(cli("run", str(path), cwd=tmp_path), "c.toml", "NameError", "line 5")
+    assert "mine.py" in msg.split("NameError", 1)[1]  # the user's file, not a frame inside JAX
