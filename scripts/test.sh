@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite through CTest at 1, 2, 3 and 4 ranks.
 # Extra arguments go to ctest, e.g.  scripts/test.sh -L quick   (the inner loop: a few minutes),
-# scripts/test.sh -L np3,  scripts/test.sh -R launcher.  HPCEVO_TEST_JOBS: ctest's -j (default 2).
+# scripts/test.sh -L np3,  scripts/test.sh -R launcher.  HPCEVO_TEST_JOBS: ctest's -j (default 2);
+# HPCEVO_JAX_CACHE: the compilation cache's directory (default ~/.cache/hpcevo/jax-test-cache).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
@@ -12,6 +13,9 @@ if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; the
   [ -x "$VENV/bin/ctest" ] || "$VENV/bin/python" -m pip install -q --disable-pip-version-check "cmake>=3.20"
   BIN="$VENV/bin/"
 fi
-"${BIN}cmake" -S "$ROOT" -B "$ROOT/build" -DPython_EXECUTABLE="$VENV/bin/python" -DMPIEXEC_MAX_NUMPROCS=4 >/dev/null
+CACHE_ARG=()
+[ -n "${HPCEVO_JAX_CACHE:-}" ] && CACHE_ARG=(-DHPCEVO_JAX_CACHE="$HPCEVO_JAX_CACHE")
+"${BIN}cmake" -S "$ROOT" -B "$ROOT/build" -DPython_EXECUTABLE="$VENV/bin/python" -DMPIEXEC_MAX_NUMPROCS=4 \
+  "${CACHE_ARG[@]}" >/dev/null
 cd "$ROOT/build"
 exec "${BIN}ctest" --output-on-failure -j "${HPCEVO_TEST_JOBS:-2}" "$@"

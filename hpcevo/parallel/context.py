@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from typing import Any
 
 from .binding import Binding, Probe, Request, decide, probe, resolve_local_rank
+
+ABORT_GRACE_SECONDS = 1.0
 
 
 @dataclasses.dataclass
@@ -58,6 +61,11 @@ class ParallelContext:
         if self.size == 1:
             os._exit(code)
         from mpi4py import MPI
+
+        # MPICH's launcher kills every process the moment Abort reaches it, and what this rank
+        # has just written to stderr (the reason) may still sit in the pipe to it, unforwarded:
+        # one run in ten lost its traceback. A second's grace lets the launcher drain it.
+        time.sleep(ABORT_GRACE_SECONDS)
 
         MPI.COMM_WORLD.Abort(code)
 
