@@ -11,6 +11,8 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
 
     loop = hpcevo.Loop(algorithm, problem, ctx).init(seed=0)   # the step-level API
     loop.advance(100); loop.best_fitness; loop.save("ckpt/")
+    arch = hpcevo.Archipelago([CSO(...), DE(...)], problem, ctx,   # islands, the same way
+                              hpcevo.Migration(every=20, migrants=5)).init(seed=0)
 
 Protocols: ``Algorithm``, ``Problem``, ``HostProblem``. Errors: ``ConfigError``, ``UsageError``,
 ``CheckpointError``, ``DivergenceError``. Names load on first use, so ``import hpcevo`` (and the
@@ -32,6 +34,8 @@ _NAMES = {
     "RunRecord": "hpcevo.driver.result",
     "RunConfig": "hpcevo.config",
     "Loop": "hpcevo.driver.loop",
+    "Archipelago": "hpcevo.driver.archipelago",
+    "Migration": "hpcevo.algorithms.migration",
     "StopFlag": "hpcevo.driver.stopping",
     "Algorithm": "hpcevo.algorithms.base",
     "Problem": "hpcevo.problems.base",

@@ -151,6 +151,27 @@ class CheckpointSection(_Section):
         return v
 
 
+class IslandOverride(_Section):
+    # Which islands this entry changes (0-based; default: the entry's own position in the list)
+    # and the [algorithm] keys it sets for them. A new algorithm name starts from that
+    # algorithm's defaults (and the run's pop_size); the same name keeps the run's
+    # hyper-parameters and changes the ones given.
+    at: list[Annotated[int, Field(ge=0)]] | Annotated[int, Field(ge=0)] | None = None
+    algorithm: dict[str, Any] = Field(default_factory=dict)
+
+
+class IslandsSection(_Section):
+    # Several populations (islands), each its own seed; every migrate_every generations each
+    # sends `migrants` candidates along the topology. Deterministic at any layout on ranks.
+    count: int = Field(1, ge=1, le=4096)
+    migrate_every: int = Field(50, ge=1, le=INT32_MAX)
+    migrants: int = Field(1, ge=0, le=INT32_MAX)
+    topology: Literal["ring", "all", "random"] = "ring"
+    emigrants: Literal["best", "random"] = "best"
+    replace: Literal["worst", "random"] = "worst"
+    island: list[IslandOverride] = Field(default_factory=list)
+
+
 class RunConfig(_Section):
     run: RunSection
     # Required unless an algorithm object is handed to hpcevo.run (checked where it is built).
@@ -160,6 +181,7 @@ class RunConfig(_Section):
     parallel: ParallelSection = ParallelSection()
     checkpoint: CheckpointSection = CheckpointSection()
     evaluation: EvaluationSection = EvaluationSection()
+    islands: IslandsSection | None = None
     # Where it came from ("examples/cso.toml (with --set ...)"): the prefix of every message.
     _source: str = PrivateAttr(default="config")
 

@@ -42,6 +42,9 @@ class Algorithm(Protocol):
     # No rank holds the whole population: the generation runs block by block
     # (``parallel.ShardedESStep``; OpenES, PGPE and SNES, which derive from ``_es.BlockedES``).
     distributed: bool = False
+    # Can take part in island migration: defines ``with_population`` (population-based
+    # algorithms; a strategy that keeps a search distribution has no rows to replace).
+    migrates: ClassVar[bool] = False
 
     @property
     def num_init(self) -> int:
@@ -74,6 +77,12 @@ class Algorithm(Protocol):
         raise NotImplementedError(
             f"{type(self).__name__} keeps a search distribution, not a population: read its state "
             "(e.g. state.mean) instead")
+
+    def with_population(self, state: State, x: jax.Array, f: jax.Array) -> State:
+        """``state`` with the population and fitness that ``population`` reads replaced by ``x``
+        and ``f`` (how immigrants enter an island: ``algorithms.migration``). Only for
+        algorithms with ``migrates = True``."""
+        raise NotImplementedError(f"{type(self).__name__} has no population to replace rows of")
 
 
 @dataclasses.dataclass(frozen=True)

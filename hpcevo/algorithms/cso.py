@@ -18,7 +18,7 @@ swarm, the particle left unpaired by the shuffle passes unchanged, as a winner w
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +107,11 @@ class CSO(BaseAlgorithm):
     def population(self, state: CSOState) -> tuple[jax.Array, jax.Array]:
         """The swarm's positions and their fitness."""
         return state.position, state.fitness
+
+    migrates: ClassVar[bool] = True
+
+    def with_population(self, state: CSOState, x: jax.Array, f: jax.Array) -> CSOState:
+        return state._replace(position=x, fitness=f)
 
     def tell(self, state: CSOState, fitness: jax.Array) -> CSOState:
         return state._replace(fitness=state.fitness.at[state.losers].set(fitness.astype(state.fitness.dtype)))

@@ -22,7 +22,7 @@ on the bound as clipping would. A trial replaces its parent when it is at least 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +101,11 @@ class _DEBase(BaseAlgorithm):
     def population(self, state) -> tuple[jax.Array, jax.Array]:
         """The population and its fitness (the trial vectors are not part of it)."""
         return state.population, state.fitness
+
+    migrates: ClassVar[bool] = True
+
+    def with_population(self, state, x: jax.Array, f: jax.Array):
+        return state._replace(population=x, fitness=f)
 
 
 @dataclasses.dataclass(frozen=True)

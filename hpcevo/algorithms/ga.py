@@ -20,7 +20,7 @@ the ``elites`` best parents survive in place of the worst children.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -137,6 +137,11 @@ class GA(BaseAlgorithm):
     def population(self, state: GAState) -> tuple[jax.Array, jax.Array]:
         """The parents of the next generation and their fitness."""
         return state.population, state.fitness
+
+    migrates: ClassVar[bool] = True
+
+    def with_population(self, state: GAState, x: jax.Array, f: jax.Array) -> GAState:
+        return state._replace(population=x, fitness=f)
 
     def tell(self, state: GAState, fitness: jax.Array) -> GAState:
         fitness = fitness.astype(self.dtype)

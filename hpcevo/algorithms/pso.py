@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +83,16 @@ class PSO(BaseAlgorithm):
     def population(self, state: PSOState) -> tuple[jax.Array, jax.Array]:
         """Each particle's personal best and its fitness (the positions are yet to be evaluated)."""
         return state.pbest_position, state.pbest_fitness
+
+    migrates: ClassVar[bool] = True
+
+    def with_population(self, state: PSOState, x: jax.Array, f: jax.Array) -> PSOState:
+        # An immigrant better than the swarm's best becomes the best that every particle follows.
+        i = jnp.argmin(f)
+        better = f[i] < state.gbest_fitness
+        return state._replace(pbest_position=x, pbest_fitness=f,
+                              gbest_position=jnp.where(better, x[i], state.gbest_position),
+                              gbest_fitness=jnp.where(better, f[i], state.gbest_fitness))
 
     def tell(self, state: PSOState, fitness: jax.Array) -> PSOState:
         fitness = fitness.astype(state.pbest_fitness.dtype)
@@ -182,6 +192,11 @@ class SLPSO(BaseAlgorithm):
     def population(self, state: SLPSOState) -> tuple[jax.Array, jax.Array]:
         """The swarm and its fitness."""
         return state.position, state.fitness
+
+    migrates: ClassVar[bool] = True
+
+    def with_population(self, state: SLPSOState, x: jax.Array, f: jax.Array) -> SLPSOState:
+        return state._replace(position=x, fitness=f)
 
     def tell(self, state: SLPSOState, fitness: jax.Array) -> SLPSOState:
         return state._replace(fitness=fitness.astype(self.dtype))

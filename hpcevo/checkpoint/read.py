@@ -184,6 +184,8 @@ def _verify_all(f, report: Report) -> None:
             report.state_bytes += arr.nbytes
     if "state/best_f" in f:
         report.best = float(f["state/best_f"][()])
+    elif "history/best" in f and f["history/best"].shape[0]:  # islands: the best of all of them
+        report.best = float(f["history/best"][-1])
 
 
 def read_history(path: Path) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm
-from ..config import HOST_EVALUATION_KEYS, RunConfig
+from ..config import HOST_EVALUATION_KEYS, AlgorithmSection, RunConfig
 from ..errors import ConfigError, did_you_mean
 from ..problems import as_problem, create, is_deferred
 from ..problems.base import HostProblem, Problem
@@ -43,10 +43,15 @@ def check(cfg: RunConfig) -> None:
         if cfg.problem.dim is not None and not cfg.algorithm_params.get("distributed"):
             # Before anything of size dim is built. (A distributed ES holds no population.)
             check_memory(cfg.source, cfg.algorithm.pop_size, cfg.problem.dim, cfg.run.dtype)
+    if cfg.islands is not None:
+        island_sections(cfg)
     if cfg.problem.name is not None:
         _check_host_keys(cfg, cfg.is_host)
         if cfg.algorithm is not None and not is_deferred(cfg.problem.name):
-            build_algorithm(cfg, build_problem(cfg))  # runs the instances' own checks
+            problem = build_problem(cfg)
+            algorithm = build_algorithm(cfg, problem)  # runs the instances' own checks
+            if cfg.islands is not None:
+                build_islands(cfg, problem, algorithm)
 
 
 # -- the problem -------------------------------------------------------------------------------
@@ -206,6 +211,71 @@ def _held_algorithm(cfg: RunConfig, problem: AnyProblem, held: Any) -> Algorithm
 
 
 ALGORITHM_NAMES = {cls: name for name, cls in ALGORITHMS.items()}
+
+
+# -- islands -----------------------------------------------------------------------------------
+def island_sections(cfg: RunConfig) -> list[dict[str, Any] | None]:
+    """Each island's [algorithm] section where ``[[islands.island]]`` changes it (None: the
+    run's own). An entry without ``at`` is for the island at its position in the list."""
+    isl, where = cfg.islands, cfg.source
+    out: list[dict[str, Any] | None] = [None] * isl.count
+    for j, entry in enumerate(isl.island):
+        at = entry.at if entry.at is not None else j
+        for i in at if isinstance(at, list) else [at]:
+            key = f"islands.island[{j}].at"
+            if i >= isl.count:
+                raise ConfigError(f"{where}: '{key}': island {i} does not exist (islands.count = {isl.count}: "
+                                  f"islands 0..{isl.count - 1})", key)
+            if out[i] is not None:
+                raise ConfigError(f"{where}: '{key}': island {i} is changed by two [[islands.island]] entries", key)
+            base = cfg.algorithm.model_dump() if cfg.algorithm is not None else {}
+            name = entry.algorithm.get("name", base.get("name"))
+            if name != base.get("name"):  # another algorithm: its own defaults, the run's pop_size
+                base = {k: v for k, v in base.items() if k == "pop_size"}
+            out[i] = {**base, **entry.algorithm, "name": name}
+    return out
+
+
+def build_islands(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) -> tuple[list[Algorithm], list[str]]:
+    """Every island's algorithm (``algorithm``, the run's, where no entry changes it) and name,
+    checked for islands: each can take immigrants, and has room for them."""
+    isl, where = cfg.islands, cfg.source
+    base_name = cfg.algorithm.name if cfg.algorithm is not None else ALGORITHM_NAMES.get(type(algorithm), "algorithm")
+    algorithms, names = [], []
+    for i, section in enumerate(island_sections(cfg)):
+        if section is None:
+            algorithms.append(algorithm)
+            names.append(base_name)
+            continue
+        try:
+            island_cfg = cfg.model_copy(update={"algorithm": AlgorithmSection.model_validate(section)})
+            algorithms.append(build_algorithm(island_cfg.with_source(where), problem))
+        except (ConfigError, ValidationError) as e:
+            raise ConfigError(f"island {i} ([[islands.island]]): {e}", "islands.island") from None
+        names.append(section["name"])
+    _check_islands(cfg, problem, algorithms, names)
+    return algorithms, names
+
+
+def _check_islands(cfg: RunConfig, problem: AnyProblem, algorithms: list[Algorithm], names: list[str]) -> None:
+    isl, where = cfg.islands, cfg.source
+    if problem.host:
+        raise ConfigError(f"{where}: [islands] runs JAX problems for now; '{problem.name}' is evaluated on the "
+                          "host (a NumPy function or a command)", "islands")
+    for i, (a, name) in enumerate(zip(algorithms, names)):
+        if a.multi_objective or a.distributed:
+            raise ConfigError(f"{where}: [islands]: island {i} runs {name}, which is "
+                              f"{'multi-objective' if a.multi_objective else 'distributed'}; islands run "
+                              "single-objective algorithms with a replicated population", "islands")
+        moving = isl.count > 1 and isl.migrants > 0
+        if moving and not a.migrates:
+            fits = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.migrates)
+            raise ConfigError(f"{where}: [islands]: island {i} runs {name}, which keeps a search distribution, not "
+                              f"a population: immigrants have no rows to replace (islands that migrate: {fits}; "
+                              "or set islands.migrants = 0)", "islands")
+        if moving and isl.migrants > a.pop_size:
+            raise ConfigError(f"{where}: 'islands.migrants': {isl.migrants} migrants, but island {i} has a "
+                              f"population of {a.pop_size}", "islands.migrants")
 
 
 # -- what the run records ----------------------------------------------------------------------

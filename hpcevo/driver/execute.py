@@ -14,12 +14,14 @@ from typing import Any, TextIO
 
 from .. import checkpoint
 from ..algorithms.base import Algorithm
+from ..algorithms.migration import Migration
 from ..config import RunConfig
 from ..errors import EXIT_STOPPED, CheckpointError
 from ..parallel import ParallelContext, collective_stage
 from ..parallel.info import oversubscription
 from ..provenance import versions
 from . import build, startup
+from .archipelago import Archipelago
 from .engine import MAX_CHUNK
 from .loop import Loop, evaluations
 from .policy import CheckpointPolicy, Schedule, next_chunk
@@ -92,12 +94,7 @@ class Run:
         rundir = RunDir(ctx, RunPaths.of(cfg.out_dir, cfg.checkpoint_dir))
         rundir.prepare(overwrite, resume)
         report = Reporter(not quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, stream)
-        p = cfg.parallel
-        loop = Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None,
-                    batch_size=cfg.evaluation.batch_size or None, recorder=build.build_recorder(cfg, parts.problem),
-                    concurrency=cfg.evaluation.concurrency, schedule=cfg.evaluation.schedule,
-                    penalty=cfg.evaluation.penalty)
-        run = cls(ctx, cfg, loop, parts, rundir, report, stop_control)
+        run = cls(ctx, cfg, _loop_of(ctx, cfg, parts), parts, rundir, report, stop_control)
         if resume:
             run.resume()
         rundir.start(parts.config_text, run.resumed_at)
@@ -115,7 +112,8 @@ class Run:
     def announce(self) -> None:
         """The banner, the deadline, and warnings about a layout that wastes ranks or bits."""
         cfg, ctx, loop, line = self.cfg, self.ctx, self.loop, self.report.line
-        line(f"hpcevo {self.parts.algorithm_name} on {self.parts.problem.name} (dim {loop.problem.dim}, pop "
+        islands = f"{cfg.islands.count} islands of " if self.parts.islands else ""
+        line(f"hpcevo {islands}{self.parts.algorithm_name} on {self.parts.problem.name} (dim {loop.problem.dim}, pop "
              f"{loop.algorithm.pop_size}), {cfg.run.generations} generations on {ctx.size} "
              f"rank{'s' if ctx.size > 1 else ''} [{ctx.device}] -> {self.rundir.paths.root}"
              + (f", from generation {self.resumed_at}" if self.resumed_at is not None else ""))
@@ -178,6 +176,8 @@ class Run:
         self.t_prev, self.gen_prev = now, gen
         metrics.write(rec)
         self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
+        for text in self.loop.detail_lines(rec):
+            self.report.line(text, progress=True)
 
     def write_checkpoint(self, gen: int) -> None:
         t = time.perf_counter()
@@ -243,21 +243,40 @@ class Run:
 
 
 class Built:
-    """The problem, algorithm and resolved config of a run, built on every rank (any rank's
-    failure, such as a problem file missing on one node, is every rank's)."""
+    """The problem, algorithm(s) and resolved config of a run, built on every rank (any rank's
+    failure, such as a problem file missing on one node, is every rank's). ``islands``: every
+    island's algorithm and name, with [islands]."""
 
-    def __init__(self, problem, algorithm, resolved: dict[str, Any], exact: bool | None, compile_cache: str | None):
+    def __init__(self, problem, algorithm, resolved: dict[str, Any], exact: bool | None, compile_cache: str | None,
+                 islands: tuple[list[Algorithm], list[str]] | None = None):
         self.problem, self.algorithm, self.resolved, self.exact = problem, algorithm, resolved, exact
         self.config_text = build.dump(resolved)
-        self.algorithm_name = resolved["algorithm"]["name"]
+        self.islands = islands
+        names = islands[1] if islands else [resolved["algorithm"]["name"]]
+        self.algorithm_name = "+".join(dict.fromkeys(names))
         self.compile_cache = compile_cache
 
     @classmethod
     def of(cls, ctx: ParallelContext, cfg: RunConfig, held_problem, held_algorithm, host) -> "Built":
         cache = build.enable_compile_cache(cfg)
-        problem = algorithm = None
+        problem = algorithm = islands = None
         with collective_stage(ctx):
             problem = build.build_problem(cfg, held_problem, host=host, held_algorithm=held_algorithm)
             algorithm = build.build_algorithm(cfg, problem, held_algorithm)
+            if cfg.islands is not None:
+                islands = build.build_islands(cfg, problem, algorithm)
         resolved = build.resolved(cfg, problem, algorithm, held_problem is not None, held_algorithm is not None)
-        return cls(problem, algorithm, resolved, build.probe_batch_size(cfg, problem, algorithm), cache)
+        return cls(problem, algorithm, resolved, build.probe_batch_size(cfg, problem, algorithm), cache, islands)
+
+
+def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> Loop | Archipelago:
+    """One population's ``Loop``, or with [islands] an ``Archipelago``."""
+    p, e = cfg.parallel, cfg.evaluation
+    if parts.islands is not None:
+        isl = cfg.islands
+        return Archipelago(parts.islands[0], parts.problem, ctx,
+                           Migration(isl.migrate_every, isl.migrants, isl.topology, isl.emigrants, isl.replace),
+                           names=parts.islands[1], microbatch=p.microbatch or None, batch_size=e.batch_size or None)
+    return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
+                recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
+                penalty=e.penalty)

@@ -189,6 +189,10 @@ class Loop:
         """What a log boundary reports of the state (best, generation mean...; or hv, igd...)."""
         return self.engine.recorder.boundary(self._require_state())
 
+    def detail_lines(self, rec: dict[str, Any]) -> list[str]:
+        """Log lines under a boundary's line (an archipelago's islands; none here)."""
+        return []
+
     def counters(self) -> dict[str, int]:
         """Counts besides the recorder's (host problems: failed_evaluations)."""
         return self.engine.counters(self._require_state())

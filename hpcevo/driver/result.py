@@ -117,8 +117,9 @@ class RunRecord:
 
     @property
     def metrics(self) -> dict[str, np.ndarray]:
-        """metrics.jsonl as columns: one array per field (None becomes NaN)."""
-        recs = self.records
+        """metrics.jsonl as columns: one array per field (None becomes NaN); an archipelago's
+        per-island fields as ``island3.best``..."""
+        recs = [_flat_islands(r) for r in self.records]
         keys = list(dict.fromkeys(k for r in recs for k in r))
         return {k: self._column(recs, k) for k in keys}
 
@@ -167,3 +168,14 @@ class RunRecord:
 def open_run(path: str | Path) -> RunRecord:
     """A run directory, read on this process alone: config, summary, metrics, checkpoints."""
     return RunRecord(path)
+
+
+def _flat_islands(rec: dict[str, Any]) -> dict[str, Any]:
+    """A metrics record with its "islands" list as numeric fields ``island<i>.<field>``."""
+    if not isinstance(rec.get("islands"), list):
+        return rec
+    out = {k: v for k, v in rec.items() if k != "islands"}
+    for i, isl in enumerate(rec["islands"]):
+        if isinstance(isl, dict):
+            out.update({f"island{i}.{k}": v for k, v in isl.items() if k not in ("island", "algorithm")})
+    return out

@@ -25,7 +25,15 @@ def _mb(n: int) -> str:
 
 def _config_line(cfg: dict[str, Any]) -> str:
     run, algo, prob = cfg.get("run", {}), cfg.get("algorithm", {}), cfg.get("problem", {})
-    return (f"{algo.get('name')} (pop {algo.get('pop_size')}) on {prob.get('name')} (dim {prob.get('dim')}), "
+    what = f"{algo.get('name')} (pop {algo.get('pop_size')})"
+    isl = cfg.get("islands")
+    if isinstance(isl, dict):
+        changed = sorted({str(e.get("algorithm", {}).get("name", algo.get("name"))) for e in isl.get("island", [])}
+                         - {algo.get("name")})
+        what = (f"{isl.get('count')} islands of {'+'.join([str(algo.get('name')), *changed])} (pop "
+                f"{algo.get('pop_size')} each unless changed), {isl.get('migrants')} migrants every "
+                f"{isl.get('migrate_every')} generations, {isl.get('topology')}")
+    return (f"{what} on {prob.get('name')} (dim {prob.get('dim')}), "
             f"seed {run.get('seed')}, {run.get('generations')} generations, {run.get('dtype', 'float32')}")
 
 
@@ -65,6 +73,8 @@ def inspect(path: str | Path) -> tuple[str, bool]:
             lines.append(f"finished    generation {summary['generations']}, {_outcome(summary)}, "
                          f"{summary['evaluations']} evaluations, {summary['ranks']} rank(s), "
                          f"{summary['wall_s']:.1f} s, digest {summary['state_digest'][:16]}")
+            lines += [f"  island {r['island']:>3}  {r['algorithm']:<8} pop {r['pop_size']:>6}  best "
+                      f"{r['best_fitness']:.10e}" for r in summary.get("islands", [])]
         else:
             recs = run.records
             lines.append("status      not finished" + (

@@ -131,10 +131,22 @@ def _time_axis(ax, run: Curves) -> None:
 
 
 # -- one run --------------------------------------------------------------------------------------
+def island_series(hist: dict[str, np.ndarray]) -> list[str]:
+    """The per-island best-so-far series of an archipelago's history ("island3.best"), in island order."""
+    keys = [k for k in hist if k.startswith("island") and k.endswith(".best")]
+    return sorted(keys, key=lambda k: int(k[6:].split(".")[0]))
+
+
 def _one_run(axes, run: Curves) -> None:
     h, g = run.hist, run.gens
-    axes[0].plot(g, h["best"], "-", linewidth=1.5, color="C0")
-    _set_scale(axes[0], h["best"])
+    islands = island_series(h)
+    for i, key in enumerate(islands):  # under the overall curve, one thin line per island
+        axes[0].plot(g, h[key], "-", linewidth=0.7, alpha=0.6, color=f"C{1 + i % 9}",
+                     label="island " + key[6:].split(".")[0] if len(islands) <= 8 else None)
+    axes[0].plot(g, h["best"], "-", linewidth=1.8, color="C0", label="all islands" if islands else None)
+    _set_scale(axes[0], h["best"], *(h[k] for k in islands))
+    if islands:
+        axes[0].legend(fontsize=7, ncol=2)
     _finish(axes[0], "generation", "best fitness so far (minimised)", "best so far")
 
     ax = axes[1]

@@ -1,0 +1,246 @@
+"""``Archipelago``: several islands evolving on the ranks of a parallel context (see
+``islands.py``), with the interface of ``Loop``, so ``execute`` runs either.
+
+Every method that computes is collective (every rank calls it). Unlike a ``Loop``'s, the state a
+rank holds is only its own islands' (``state``, in the order of ``local``); what the whole
+archipelago reports (history, best, digest, checkpoints) is gathered from the islands' groups.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from .. import checkpoint
+from ..algorithms import migration as mig
+from ..algorithms.base import Algorithm
+from ..errors import DivergenceError, UsageError
+from ..parallel import ParallelContext, allgather_obj
+from .engine import MAX_CHUNK, state_digest
+from .islands import IslandsEngine, Totals
+from .loop import HistoryBuffer, evaluations
+
+FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
+
+
+class Archipelago:
+    """``algorithms[i]`` on island i, all on ``problem`` (a JAX ``Problem``), over ``ctx``.
+
+    ``names``: how the log and the summary call each island's algorithm (default: the class
+    name). ``microbatch``, ``batch_size``: as for ``Loop``, for every island.
+    """
+
+    def __init__(self, algorithms: Sequence[Algorithm], problem: Any, ctx: ParallelContext | None = None,
+                 migration: mig.Migration = mig.Migration(50, 1), *, names: Sequence[str] | None = None,
+                 microbatch: int | None = None, batch_size: int | None = None):
+        if ctx is None:
+            from ..parallel import init
+
+            ctx = init()
+        _check(algorithms, problem, migration)
+        self.ctx, self.problem, self.algorithms = ctx, problem, list(algorithms)
+        self.names = list(names) if names is not None else [type(a).__name__ for a in algorithms]
+        self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=microbatch, batch_size=batch_size)
+        self.algorithm = Totals(sum(a.pop_size for a in algorithms), sum(a.num_init for a in algorithms),
+                                sum(a.num_ask for a in algorithms), algorithms[0].dim)
+        self.local = self.engine.local
+        self.seed: int | None = None
+        self.state: tuple | None = None
+        self.generation = 0
+        self._histories = [HistoryBuffer() for _ in algorithms]
+        self.failures: list[dict] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.algorithms)
+
+    # -- running -----------------------------------------------------------------------------------
+    def init(self, seed: int) -> "Archipelago":
+        self.state, part = self.engine.start(seed)
+        self.seed, self.generation = seed, 1
+        self._histories = [HistoryBuffer() for _ in self.algorithms]
+        self._took(part)
+        return self
+
+    def advance(self, generations: int = 1) -> "Archipelago":
+        self._require_state()
+        if generations < 0:
+            raise ValueError(f"advance: generations must be >= 0, got {generations}")
+        while generations > 0:
+            n = min(generations, MAX_CHUNK)
+            self.state, part = self.engine.advance(self.state, n, self.seed)
+            self.generation += n
+            generations -= n
+            self._took(part)
+        return self
+
+    def _took(self, part: dict[int, dict[str, np.ndarray]]) -> None:
+        for i, rows in _by_island(allgather_obj(self.ctx, part)).items():
+            self._histories[i].append(rows)
+
+    def compile(self, seed: int = 0, first: bool = True) -> "Archipelago":
+        self.engine.compile(seed, first=first)
+        return self
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # -- reading -----------------------------------------------------------------------------------
+    @property
+    def history(self) -> dict[str, np.ndarray]:
+        """The whole archipelago's series (``best``...) and each island's (``island3.best``...)."""
+        per = [h.view() for h in self._histories]
+        out = _overall(per, [a.pop_size for a in self.algorithms])
+        for i, cols in enumerate(per):
+            out.update({f"island{i}.{k}": v for k, v in cols.items()})
+        return out
+
+    def island_history(self, island: int) -> dict[str, np.ndarray]:
+        return self._histories[island].view()
+
+    def island_records(self) -> list[dict[str, Any]]:
+        """Each island's boundary record (best, gen_best, gen_mean, gen_std, nonfinite)."""
+        mine = {i: self.engine.recorder.boundary(s) for i, s in zip(self.local, self._require_state())}
+        merged = _by_island(allgather_obj(self.ctx, mine))
+        return [{"island": i, "algorithm": self.names[i], **merged[i]} for i in range(self.count)]
+
+    def boundary(self) -> dict[str, Any]:
+        islands = self.island_records()
+        latest = [{k: np.asarray([r[k]]) for k in FIELDS} for r in islands]
+        overall = {k: v[0].item() for k, v in _overall(latest, [a.pop_size for a in self.algorithms]).items()}
+        return {**overall, "islands": islands}
+
+    def detail_lines(self, rec: dict[str, Any]) -> list[str]:
+        """One log line per island under the boundary's overall line."""
+        return [f"    island {r['island']:>3} {r['algorithm']:<8} " + self.engine.recorder.progress(r)
+                for r in rec["islands"]]
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def evaluations(self) -> int:
+        return sum(evaluations(a, self.generation) for a in self.algorithms)
+
+    def island_best(self) -> list[tuple[float, np.ndarray]]:
+        """(best fitness, where) of every island, in island order."""
+        mine = {i: (float(s.best_f), np.asarray(jax.device_get(s.best_x))) for i, s in zip(self.local, self._require_state())}
+        merged = _by_island(allgather_obj(self.ctx, mine))
+        return [merged[i] for i in range(self.count)]
+
+    @property
+    def best_fitness(self) -> float:
+        return min(f for f, _ in self.island_best())
+
+    @property
+    def best_solution(self) -> np.ndarray:
+        bests = self.island_best()
+        return bests[int(np.argmin([f for f, _ in bests]))][1]
+
+    def outcome(self) -> dict[str, Any]:
+        bests = self.island_best()
+        i = int(np.argmin([f for f, _ in bests]))
+        records = self.island_records()
+        return {"best_fitness": bests[i][0], "best_solution": [float(v) for v in bests[i][1]],
+                "nonfinite_evaluations": sum(r["nonfinite"] for r in records), "best_island": i,
+                "islands": [{"island": k, "algorithm": self.names[k], "pop_size": a.pop_size,
+                             "best_fitness": bests[k][0]} for k, a in enumerate(self.algorithms)]}
+
+    def full_state(self) -> tuple:
+        """Every island's state on the host, in island order (gathered: collective)."""
+        mine = {i: jax.device_get(s) for i, s in zip(self.local, self._require_state())}
+        merged = _by_island(allgather_obj(self.ctx, mine))
+        return tuple(merged[i] for i in range(self.count))
+
+    def digest(self) -> str:
+        """SHA-256 of every island's state in island order: equal at any layout on ranks."""
+        return state_digest(self.full_state())
+
+    def check_replicas(self) -> None:
+        """Collective: DivergenceError on every rank if two ranks of an island's group hold
+        different states of it."""
+        everyone = allgather_obj(self.ctx, self.engine.fingerprints(self._require_state()))
+        for i in range(self.count):
+            prints = [(r, fp[i]) for r, fp in enumerate(everyone) if i in fp]
+            differs = [r for r, fp in prints if not np.array_equal(fp, prints[0][1])]
+            if differs:
+                raise DivergenceError(
+                    f"island {i}'s replicated state diverged at generation {self.generation}: ranks "
+                    f"{', '.join(map(str, differs))} differ from rank {prints[0][0]}. The run cannot be "
+                    "trusted; this is a bug in a non-deterministic problem or algorithm, please report it.")
+
+    def _require_state(self) -> tuple:
+        if self.state is None:
+            raise UsageError("this Archipelago has no state yet: call init(seed) or load(path) first")
+        return self.state
+
+    # -- checkpoints (collective) ------------------------------------------------------------------
+    def snapshot(self, config_text: str = "") -> checkpoint.Snapshot:
+        a = self.algorithm
+        return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text,
+                                   self.full_state(), self.history, a.num_init, a.num_ask)
+
+    def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
+        return checkpoint.write(self.ctx, Path(directory), self.snapshot(config_text), keep=keep)
+
+    def template(self) -> tuple:
+        return self.engine.template()
+
+    def load(self, path: str | Path) -> "Archipelago":
+        return self.restore(checkpoint.load(self.ctx, Path(path), self.template()))
+
+    def restore(self, loaded: checkpoint.Loaded) -> "Archipelago":
+        expected = sorted([*FIELDS, *(f"island{i}.{k}" for i in range(self.count) for k in FIELDS)])
+        if sorted(loaded.history) != expected:
+            raise UsageError(f"cannot resume from '{loaded.header.path}': it was written by another kind of run "
+                             f"(its history has {len(loaded.history)} series, {self.count} islands keep "
+                             f"{len(expected)})")
+        self.state = tuple(jax.device_put(loaded.state[i]) for i in self.local)
+        self.seed, self.generation = loaded.header.seed, loaded.header.generation
+        self._histories = [HistoryBuffer() for _ in self.algorithms]
+        for i, h in enumerate(self._histories):
+            h.append({k: loaded.history[f"island{i}.{k}"] for k in FIELDS})
+        return self
+
+
+def _check(algorithms: Sequence[Algorithm], problem: Any, migration: mig.Migration) -> None:
+    if not algorithms:
+        raise UsageError("an archipelago needs at least one island")
+    if getattr(problem, "host", False):
+        raise UsageError("islands run JAX problems for now, not host (NumPy or command) problems")
+    for i, a in enumerate(algorithms):
+        if a.multi_objective or a.distributed:
+            raise UsageError(f"island {i}: {type(a).__name__} is multi-objective or distributed; islands run "
+                             "single-objective algorithms with a replicated population")
+        if len(algorithms) > 1 and migration.migrants and not a.migrates:
+            raise UsageError(f"island {i}: {type(a).__name__} keeps a search distribution, not a population, "
+                             "so it has no rows for immigrants to replace")
+        if migration.migrants > a.pop_size:
+            raise UsageError(f"island {i}: {migration.migrants} migrants but a population of {a.pop_size}")
+        if (a.dim, a.dtype) != (algorithms[0].dim, algorithms[0].dtype):
+            raise UsageError(f"island {i}: dim and dtype must be the same on every island")
+
+
+def _by_island(gathered: list[dict[int, Any]]) -> dict[int, Any]:
+    """Merge what every rank sent, keyed by island (the ranks of a group send the same)."""
+    out: dict[int, Any] = {}
+    for part in gathered:
+        for i, v in part.items():
+            out.setdefault(i, v)
+    return out
+
+
+def _overall(per: list[dict[str, np.ndarray]], weights: list[int]) -> dict[str, np.ndarray]:
+    """The archipelago's series from its islands': best of bests, population-weighted mean,
+    pooled standard deviation, total non-finite count."""
+    col = {k: np.stack([np.asarray(p[k], np.float64) for p in per]) for k in FIELDS}
+    w = np.asarray(weights, np.float64)[:, None]
+    mean = (w * col["gen_mean"]).sum(0) / w.sum()
+    var = (w * (col["gen_std"] ** 2 + (col["gen_mean"] - mean) ** 2)).sum(0) / w.sum()
+    dtype = np.asarray(per[0]["best"]).dtype
+    return {"best": col["best"].min(0).astype(dtype), "gen_best": col["gen_best"].min(0).astype(dtype),
+            "gen_mean": mean.astype(dtype), "gen_std": np.sqrt(var).astype(dtype),
+            "nonfinite": col["nonfinite"].sum(0).astype(np.asarray(per[0]["nonfinite"]).dtype)}
