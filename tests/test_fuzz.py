@@ -34,7 +34,8 @@ OPTIONAL = ["run.dtype", "algorithm.phi", "problem.lb", "problem.ub", "problem.a
             "problem.objectives", "problem.ref_point", "problem.host", "evaluation.batch_size",
             "evaluation.concurrency", "evaluation.schedule", "evaluation.penalty", "parallel.microbatch",
             "parallel.share_gpus", "checkpoint.keep", "checkpoint.deadline", "checkpoint.margin_seconds",
-            "checkpoint.keep_every", "checkpoint.stuck_seconds"]
+            "checkpoint.keep_every", "checkpoint.stuck_seconds", "islands.count", "islands.migrants",
+            "islands.topology"]
 VALUES = ["-1", "0", "1", "7", "2147483648", "9223372036854775807", "-9223372036854775808", "1.5", "-0.0",
           "1e39", "-1e300", "inf", "-inf", "nan", '""', '"x"', '"é中"', '"' + "a" * 300 + '"', "true", "false",
           "[]", '[1, "a"]', "[1.0, 2.0, 3.0]", "[[1]]", "{}", "{a = 1}", "1979-05-27", "07:32:00",
@@ -70,7 +71,7 @@ def case(rng: random.Random) -> tuple[bytes, list[str]]:
         if rng.random() < 0.5:
             sections[section][key[:-1] + rng.choice("xyz_")] = value
     elif kind == 4:  # an unknown section or a whole section of the wrong type
-        sections[rng.choice(["runn", "islands", "problems", "Run", "algorithm.x"])] = {
+        sections[rng.choice(["runn", "island", "problems", "Run", "algorithm.x"])] = {
             rng.choice(["x", "name", "dim", "évé"]): rng.choice(VALUES)}
     text = render(sections)
     if kind == 5:  # a junk line somewhere
