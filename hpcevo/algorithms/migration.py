@@ -41,6 +41,31 @@ class Migration(NamedTuple):
     replace: str = "worst"
 
 
+def unfit(algorithms: list, migration: Migration, host: bool) -> tuple[str, str] | None:
+    """Why these algorithms cannot run as islands with ``migration`` (None: they can): the config
+    key at fault and the reason. One home for the rule, raised as ConfigError from a config and
+    as UsageError from ``hpcevo.Archipelago``."""
+    if host:
+        return "islands", "islands run JAX problems for now, not host problems (a NumPy function or a command)"
+    moving = len(algorithms) > 1 and migration.migrants > 0
+    for i, a in enumerate(algorithms):
+        name = type(a).__name__.lower()
+        if a.multi_objective or a.distributed:
+            kind = "multi-objective" if a.multi_objective else "distributed"
+            return "islands", (f"island {i} runs {name}, which is {kind}; islands run single-objective "
+                               "algorithms with a replicated population")
+        if moving and not a.migrates:
+            return "islands", (f"island {i} runs {name}, which keeps a search distribution, not a population: "
+                               "immigrants have no rows to replace (islands that migrate: cso, pso, slpso, de, jade, ga; "
+                               "or set islands.migrants = 0)")
+        if moving and migration.migrants > a.pop_size:
+            return "islands.migrants", (f"{migration.migrants} migrants, but island {i} has a population of "
+                                        f"{a.pop_size}")
+        if (a.dim, a.dtype) != (algorithms[0].dim, algorithms[0].dtype):
+            return "islands", f"island {i}: dim and dtype must be the same on every island"
+    return None
+
+
 def island_key(key: jax.Array, island: int) -> jax.Array:
     """Island ``island``'s own stream, derived from the run's key."""
     return jax.random.fold_in(key, island)

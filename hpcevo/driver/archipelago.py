@@ -19,9 +19,9 @@ from ..algorithms import migration as mig
 from ..algorithms.base import Algorithm
 from ..errors import DivergenceError, UsageError
 from ..parallel import ParallelContext, allgather_obj
-from .engine import MAX_CHUNK, state_digest
+from .engine import state_digest
 from .islands import IslandsEngine, Totals
-from .loop import HistoryBuffer, evaluations
+from .loop import HistoryBuffer, chunks, evaluations
 
 FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
 
@@ -45,7 +45,7 @@ class Archipelago:
         self.names = list(names) if names is not None else [type(a).__name__ for a in algorithms]
         self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=microbatch, batch_size=batch_size)
         self.algorithm = Totals(sum(a.pop_size for a in algorithms), sum(a.num_init for a in algorithms),
-                                sum(a.num_ask for a in algorithms), algorithms[0].dim)
+                                sum(a.num_ask for a in algorithms))
         self.local = self.engine.local
         self.seed: int | None = None
         self.state: tuple | None = None
@@ -67,13 +67,9 @@ class Archipelago:
 
     def advance(self, generations: int = 1) -> "Archipelago":
         self._require_state()
-        if generations < 0:
-            raise ValueError(f"advance: generations must be >= 0, got {generations}")
-        while generations > 0:
-            n = min(generations, MAX_CHUNK)
+        for n in chunks(generations):
             self.state, part = self.engine.advance(self.state, n, self.seed)
             self.generation += n
-            generations -= n
             self._took(part)
         return self
 
@@ -209,19 +205,9 @@ class Archipelago:
 def _check(algorithms: Sequence[Algorithm], problem: Any, migration: mig.Migration) -> None:
     if not algorithms:
         raise UsageError("an archipelago needs at least one island")
-    if getattr(problem, "host", False):
-        raise UsageError("islands run JAX problems for now, not host (NumPy or command) problems")
-    for i, a in enumerate(algorithms):
-        if a.multi_objective or a.distributed:
-            raise UsageError(f"island {i}: {type(a).__name__} is multi-objective or distributed; islands run "
-                             "single-objective algorithms with a replicated population")
-        if len(algorithms) > 1 and migration.migrants and not a.migrates:
-            raise UsageError(f"island {i}: {type(a).__name__} keeps a search distribution, not a population, "
-                             "so it has no rows for immigrants to replace")
-        if migration.migrants > a.pop_size:
-            raise UsageError(f"island {i}: {migration.migrants} migrants but a population of {a.pop_size}")
-        if (a.dim, a.dtype) != (algorithms[0].dim, algorithms[0].dtype):
-            raise UsageError(f"island {i}: dim and dtype must be the same on every island")
+    found = mig.unfit(list(algorithms), migration, bool(getattr(problem, "host", False)))
+    if found is not None:
+        raise UsageError(found[1])
 
 
 def _by_island(gathered: list[dict[int, Any]]) -> dict[int, Any]:

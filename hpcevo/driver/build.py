@@ -25,6 +25,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm
+from ..algorithms.migration import Migration, unfit
 from ..config import HOST_EVALUATION_KEYS, AlgorithmSection, RunConfig
 from ..errors import ConfigError, did_you_mean
 from ..problems import as_problem, create, is_deferred
@@ -253,29 +254,20 @@ def build_islands(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) -> 
         except (ConfigError, ValidationError) as e:
             raise ConfigError(f"island {i} ([[islands.island]]): {e}", "islands.island") from None
         names.append(section["name"])
-    _check_islands(cfg, problem, algorithms, names)
+    _check_islands(cfg, problem, algorithms)
     return algorithms, names
 
 
-def _check_islands(cfg: RunConfig, problem: AnyProblem, algorithms: list[Algorithm], names: list[str]) -> None:
-    isl, where = cfg.islands, cfg.source
-    if problem.host:
-        raise ConfigError(f"{where}: [islands] runs JAX problems for now; '{problem.name}' is evaluated on the "
-                          "host (a NumPy function or a command)", "islands")
-    for i, (a, name) in enumerate(zip(algorithms, names)):
-        if a.multi_objective or a.distributed:
-            raise ConfigError(f"{where}: [islands]: island {i} runs {name}, which is "
-                              f"{'multi-objective' if a.multi_objective else 'distributed'}; islands run "
-                              "single-objective algorithms with a replicated population", "islands")
-        moving = isl.count > 1 and isl.migrants > 0
-        if moving and not a.migrates:
-            fits = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.migrates)
-            raise ConfigError(f"{where}: [islands]: island {i} runs {name}, which keeps a search distribution, not "
-                              f"a population: immigrants have no rows to replace (islands that migrate: {fits}; "
-                              "or set islands.migrants = 0)", "islands")
-        if moving and isl.migrants > a.pop_size:
-            raise ConfigError(f"{where}: 'islands.migrants': {isl.migrants} migrants, but island {i} has a "
-                              f"population of {a.pop_size}", "islands.migrants")
+def migration(cfg: RunConfig) -> Migration:
+    """The [islands] section's migration."""
+    isl = cfg.islands
+    return Migration(isl.migrate_every, isl.migrants, isl.topology, isl.emigrants, isl.replace)
+
+
+def _check_islands(cfg: RunConfig, problem: AnyProblem, algorithms: list[Algorithm]) -> None:
+    found = unfit(algorithms, migration(cfg), problem.host)
+    if found is not None:
+        raise ConfigError(f"{cfg.source}: [islands]: {found[1]}", found[0])
 
 
 # -- what the run records ----------------------------------------------------------------------

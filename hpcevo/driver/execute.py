@@ -14,7 +14,6 @@ from typing import Any, TextIO
 
 from .. import checkpoint
 from ..algorithms.base import Algorithm
-from ..algorithms.migration import Migration
 from ..config import RunConfig
 from ..errors import EXIT_STOPPED, CheckpointError
 from ..parallel import ParallelContext, collective_stage
@@ -273,10 +272,7 @@ def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> Loop | Archi
     """One population's ``Loop``, or with [islands] an ``Archipelago``."""
     p, e = cfg.parallel, cfg.evaluation
     if parts.islands is not None:
-        isl = cfg.islands
-        return Archipelago(parts.islands[0], parts.problem, ctx,
-                           Migration(isl.migrate_every, isl.migrants, isl.topology, isl.emigrants, isl.replace),
-                           names=parts.islands[1], microbatch=p.microbatch or None, batch_size=e.batch_size or None)
+        return Archipelago(parts.islands[0], parts.problem, ctx, build.migration(cfg), names=parts.islands[1], microbatch=p.microbatch or None, batch_size=e.batch_size or None)
     return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
                 penalty=e.penalty)

@@ -45,7 +45,6 @@ class Totals:
     pop_size: int
     num_init: int
     num_ask: int
-    dim: int
 
 
 class IslandsEngine:
@@ -105,7 +104,8 @@ class IslandsEngine:
         return lax.fori_loop(0, n, body, (states, bufs))
 
     def _migrate(self, states: tuple, key: jax.Array, generation: jax.Array) -> tuple:
-        m, how = self.migration.migrants, self.migration
+        how = self.migration
+        m = how.migrants
         k = mig.migration_key(key, generation)
         pops, rows = [], []
         for i, s in zip(self.local, states):
@@ -151,9 +151,6 @@ class IslandsEngine:
 
     def fingerprints(self, states: tuple) -> dict[int, np.ndarray]:
         return {i: np.asarray(fp) for i, fp in zip(self.local, self._fingerprint(states))}
-
-    def take_failures(self) -> list[dict]:
-        return []
 
     def close(self) -> None:
         pass

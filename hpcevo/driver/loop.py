@@ -114,13 +114,9 @@ class Loop:
     def advance(self, generations: int = 1) -> "Loop":
         """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations."""
         self._require_state()
-        if generations < 0:
-            raise ValueError(f"advance: generations must be >= 0, got {generations}")
-        while generations > 0:
-            n = min(generations, MAX_CHUNK)
+        for n in chunks(generations):
             self.state, part = self.engine.advance(self.state, n)
             self.generation += n
-            generations -= n
             self._took(part)
         return self
 
@@ -246,6 +242,13 @@ class Loop:
         self._history = HistoryBuffer()
         self._history.append(loaded.history)
         return self
+
+
+def chunks(generations: int) -> list[int]:
+    """``generations`` as the dispatches that run them: at most ``MAX_CHUNK`` each."""
+    if generations < 0:
+        raise ValueError(f"advance: generations must be >= 0, got {generations}")
+    return [MAX_CHUNK] * (generations // MAX_CHUNK) + ([generations % MAX_CHUNK] if generations % MAX_CHUNK else [])
 
 
 def evaluations(algorithm: Algorithm, generation: int) -> int:
