@@ -10,7 +10,7 @@ CTest does both (see CMakeLists.txt). Markers:
   (at more ranks every rank would repeat the same work).
 * ``slow``: longer runs (whole runs, convergence, oracles); the quick tier
   (``scripts/test.sh -L quick``) leaves them out.
-* ``launcher``, ``slurm``: start their own jobs (see CMakeLists.txt).
+* ``launcher``, ``slurm``, ``nodes``: start their own jobs (see CMakeLists.txt).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
     config.addinivalue_line("markers", "slurm: starts a private Slurm cluster; runs only when -m names it")
+    config.addinivalue_line("markers", "nodes: starts a Slurm cluster of simulated nodes; runs only when -m names it")
     config.addinivalue_line(
         "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
     )
@@ -47,9 +48,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if "slurm" not in (config.option.markexpr or ""):
-        # Starting a Slurm cluster is for the one CTest test that asks for it (-m slurm).
-        _deselect(config, items, "slurm")
+    for marker in ("slurm", "nodes"):
+        if marker not in (config.option.markexpr or ""):
+            # Starting a Slurm cluster is for the CTest test that asks for it (-m slurm, -m nodes).
+            _deselect(config, items, marker)
     if CTX.size > 1:
         # Launching mpiexec from inside an MPI rank is not portable; these run in the
         # launcher-free pass (CTest's pytest_launcher).

@@ -80,6 +80,27 @@ def test_roundtrip_is_bitwise_and_split_between_ranks(ctx, shared_tmp):
     assert_same(alone.state, state)
 
 
+def test_checkpoint_records_the_hosts_of_its_writers(ctx, shared_tmp):
+    path = checkpoint.write(ctx, shared_tmp, snapshot(tree()), layout=SMALL_BLOCKS)
+    header = checkpoint.read_header(ctx, path)
+    assert header.hosts == tuple(ctx.hosts) and header.ranks == ctx.size
+    hosts = len(ctx.hosts)
+    assert header.writers == (f"{ctx.size} rank{'s' if ctx.size > 1 else ''} on {hosts} host{'s' if hosts > 1 else ''} "
+                              f"({', '.join(ctx.hosts)})")
+
+
+def test_a_checkpoint_from_before_hosts_were_recorded_still_reads(tmp_path):
+    import h5py
+
+    alone = context_for(MPI.COMM_SELF)
+    path = checkpoint.write(alone, tmp_path, snapshot(tree()), layout=SMALL_BLOCKS)
+    with h5py.File(path, "r+") as f:
+        del f.attrs["hosts"]
+    header = checkpoint.read_header(alone, path)
+    assert (header.hosts, header.writers) == ((), "1 rank")
+    assert checkpoint.verify_file(path).problem is None
+
+
 def test_typed_prng_key_roundtrip(ctx, shared_tmp):
     state = {"key": jax.random.key(3), "x": jnp.ones(4)}
     path = checkpoint.write(ctx, shared_tmp, snapshot(state))

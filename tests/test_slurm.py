@@ -8,15 +8,12 @@ where no cluster can be had (not root, packages not installable).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from fake_rank import fake_python, rank_log, started
+import slurm_cluster
 from slurm_cluster import private_slurm, unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -35,29 +32,12 @@ def slurm(tmp_path_factory):
 
 
 def submit(slurm, tmp: Path, *options: str) -> str:
-    """`hpcevo jobs submit slurm` for the CSO example at 2 ranks: renders job.sbatch, calls
-    sbatch, prints the job id."""
-    r = subprocess.run([sys.executable, "-m", "hpcevo", "jobs", "submit", "slurm", EXAMPLE, "--ranks-per-node", "2",
-                        "--time", "00:10:00", "--signal-margin", "60", "--output", str(tmp / "job-%j.out"),
-                        *options, "-o", str(tmp / "job.sbatch")], capture_output=True, text=True, cwd=tmp,
-                       env=slurm.env)
-    assert r.returncode == 0, r.stderr
-    job = r.stdout.strip()
-    assert job.isdigit(), job
-    return job
+    """`hpcevo jobs submit slurm` for the CSO example at 2 ranks."""
+    return slurm.submit(tmp, EXAMPLE, "--ranks-per-node", "2", *options)
 
 
 def reference_digest(tmp: Path, *overrides: str) -> str:
-    """The same run, uninterrupted, on one rank without any launcher."""
-    out = tmp / "reference"
-    cmd = [sys.executable, "-m", "hpcevo", "run", EXAMPLE, "-q", "--set", f"run.out={out}"]
-    for o in overrides:
-        cmd += ["--set", o]
-    drop = ("PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "OMPI_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return json.loads((out / "summary.json").read_text())["state_digest"]
+    return slurm_cluster.reference_digest(tmp, EXAMPLE, *overrides)
 
 
 def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
@@ -76,30 +56,13 @@ def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
     assert summary["state_digest"] == reference_digest(tmp_path, *gens)
 
 
-def signal_and_requeue(slurm, job: str, ready) -> None:
-    """Wait for ``ready()``, send the warning signal to the batch shell only, and wait for the
-    requeue. The cluster reruns a requeued job after cred_expire (10 s here; Slurm waits for
-    the old job's steps to be gone); a job still pending after a minute is started by hand."""
-    t0 = time.monotonic()
-    while not ready():
-        slurm.wait(job, "RUNNING", "PENDING")
-        assert time.monotonic() - t0 < 300, "the job never got going"
-        time.sleep(0.2)
-    slurm.run("scancel", "-b", "-s", "USR1", job)
-    slurm.wait(job, "PENDING", "REQUEUED", timeout=120)
-    try:
-        slurm.wait(job, "RUNNING", "COMPLETED", timeout=60)
-    except AssertionError:
-        slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
-
-
 def test_signal_reaches_every_rank_and_the_job_requeues_itself(slurm, tmp_path):
     """The script's own machinery, with stand-in ranks: `scancel -b -s USR1` (the batch shell
     only, as --signal=B:USR1@N) is forwarded through srun to every rank; their exit 75 makes
     the script requeue the job, which runs again with SLURM_RESTART_COUNT=1 and completes."""
     fake = fake_python(tmp_path)
     job = submit(slurm, tmp_path, "--python", str(fake), "--prologue", f"export LOG_DIR={tmp_path}")
-    signal_and_requeue(slurm, job, lambda: started(tmp_path, 2))
+    slurm.signal_and_requeue(job, lambda: started(tmp_path, 2))
     info = slurm.wait(job, "COMPLETED", timeout=180)
     assert info["Restarts"] == "1"
     assert sorted(rank_log(tmp_path)) == [["0", "0"], ["0", "1"], ["0", "USR1"], ["1", "0"], ["1", "1"], ["1", "USR1"]]
@@ -118,7 +81,7 @@ def test_signalled_run_is_requeued_resumes_and_matches_an_uninterrupted_one(slur
         lines = metrics.read_text().splitlines() if metrics.exists() else []
         return bool(lines) and json.loads(lines[-1])["generation"] >= 20
 
-    signal_and_requeue(slurm, job, mid_run)
+    slurm.signal_and_requeue(job, mid_run)
     info = slurm.wait(job, "COMPLETED", timeout=600)
     assert info["Restarts"] == "1"
     log = (tmp_path / f"job-{job}.out").read_text()

@@ -67,6 +67,16 @@ class Header:
     complete: bool
     num_init: int
     num_ask: int
+    hosts: tuple[str, ...] = ()  # the writers' hosts (MPI_Get_processor_name); () in older files
+
+    @property
+    def writers(self) -> str:
+        """'4 ranks on 2 hosts (node1, node2)', or '1 rank'."""
+        text = f"{self.ranks} rank{'s' if self.ranks != 1 else ''}"
+        if self.hosts:
+            n = len(self.hosts)
+            text += f" on {n} host{'s' if n != 1 else ''} ({', '.join(self.hosts)})"
+        return text
 
 
 def file_name(generation: int) -> str:
@@ -151,6 +161,7 @@ def header_of(attrs: Any, path: Path) -> Header:
             complete=bool(attrs["complete"]),
             num_init=int(attrs["num_init"]),
             num_ask=int(attrs["num_ask"]),
+            hosts=tuple(json.loads(attrs.get("hosts", "[]"))),
         )
     except KeyError as e:
         raise CheckpointDamaged(f"attribute {e.args[0]!r} is missing") from None

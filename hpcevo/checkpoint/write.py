@@ -141,6 +141,7 @@ def _metadata(ctx: ParallelContext, snap: Snapshot) -> dict:
         "num_ask": int(snap.num_ask),
         "seed": int(snap.seed),
         "ranks": ctx.size,
+        "hosts": json.dumps(ctx.hosts),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hpcevo_version": __version__,
         "versions": json.dumps(versions(), sort_keys=True),

@@ -66,7 +66,7 @@ def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], ge
             report.line(f"warning: checkpoint '{p}' is damaged ({e}); trying the one before it", err=True)
             continue
         report.line(f"resuming from '{p}' (generation {loaded.header.generation}, written by "
-                    f"{loaded.header.ranks} rank{'s' if loaded.header.ranks > 1 else ''})")
+                    f"{loaded.header.writers})")
         return loaded
     raise UsageError(f"no usable checkpoint in '{ckdir}':\n  " + "\n  ".join(damaged)
                      + "\n  pass --overwrite to start the run again from generation 1")

@@ -96,7 +96,7 @@ def _inspect_file(path: Path) -> tuple[str, bool]:
         lines += [
             f"generation  {h.generation} ({h.evaluations} evaluations)",
             f"best        {r.best:.10e}" if r.best is not None else "best        -",
-            f"written by  {h.ranks} rank(s), {h.created}, hpcevo {h.hpcevo_version}",
+            f"written by  {h.writers}, {h.created}, hpcevo {h.hpcevo_version}",
             f"config      {_config_line(tomllib.loads(h.config_text)) if h.config_text else '-'}",
             f"state       {_mb(r.state_bytes)}",
         ]

@@ -1,0 +1,248 @@
+"""Jobs across nodes on a Slurm cluster of simulated nodes (tests/slurm_cluster.py's Cluster on
+tests/netns.py): a head node with slurmctld and three compute nodes, each with its own hostname,
+address, slurmd, /etc/hosts and /dev/shm, on a private switch. Slurm, MPICH, UCX and the
+filesystem are the real ones; only the machines are simulated.
+
+Marked `nodes` (CTest's `nodes` test runs `pytest -m nodes`; `scripts/test.sh -L nodes`);
+skipped, with the reason, where the cluster cannot be had (not root, no namespaces, Slurm not
+installable). Each test prints what it measured (pytest -s shows it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slurm_cluster
+from slurm_cluster import cluster_unavailable, private_cluster
+
+pytestmark = [pytest.mark.nodes, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "cso.toml")
+PROBE = ROOT / "tests" / "mpi_between_hosts.py"
+SRUN = 'srun --mpi=pmi2 --ntasks=4 --ntasks-per-node=2 "$PYTHON"'  # the job's own layout, for its prologue
+RUN = "-m hpcevo run"  # in the command line of every rank of a run
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(f"no simulated cluster here: {reason}")
+    with private_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, cpus=2) as c:
+        yield c
+
+
+@functools.lru_cache(maxsize=None)
+def reference(tmp: Path, generations: int) -> str:
+    """The 1-rank digest of the example at ``generations``, computed once per module."""
+    return slurm_cluster.reference_digest(tmp / f"ref{generations}", EXAMPLE, f"run.generations={generations}")
+
+
+def submit_2_nodes(cluster, tmp: Path, *sets: str, prologue: tuple[str, ...] = ()) -> str:
+    """The CSO example as `hpcevo jobs render slurm --nodes 2 --ranks-per-node 2` writes it."""
+    options = ["--nodes", "2", "--ranks-per-node", "2", "--set", "run.out=run"]
+    for s in sets:
+        options += ["--set", s]
+    for line in prologue:
+        options += ["--prologue", line]
+    return cluster.submit(tmp, EXAMPLE, *options)
+
+
+def hostnames(cluster, nodelist: str) -> list[str]:
+    return cluster.run("scontrol", "show", "hostnames", nodelist).split()
+
+
+def summary(tmp: Path) -> dict:
+    return json.loads((tmp / "run" / "summary.json").read_text())
+
+
+def generation(tmp: Path) -> int:
+    metrics = tmp / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return json.loads(lines[-1])["generation"] if lines else 0
+
+
+def wait_for(ready, timeout: float, what: str) -> float:
+    """Seconds until ``ready()``; fails after ``timeout``."""
+    t0 = time.monotonic()
+    while not ready():
+        assert time.monotonic() - t0 < timeout, f"{what}: not after {timeout:.0f} s"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_two_node_job_runs_across_hosts_and_matches_one_rank(cluster, tmp_path):
+    """The rendered 2-node job as it is: `hpcevo info` sees 2 hosts with local ranks 0..1 from
+    srun; MPI's bytes between the nodes cross the simulated network and those within a node do
+    not; the run's digest equals a 1-rank run's."""
+    t0 = time.monotonic()
+    job = submit_2_nodes(cluster, tmp_path, "run.generations=30", "log.every=10",
+                         prologue=(f"{SRUN} -m hpcevo info", f"{SRUN} {PROBE}"))
+    info = cluster.wait(job, "COMPLETED")
+    took = time.monotonic() - t0
+    nodes = hostnames(cluster, info["NodeList"])
+    assert len(nodes) == 2 and info["ExitCode"] == "0:0"
+    log = (tmp_path / f"job-{job}.out").read_text()
+
+    assert f"ranks         4 on 2 host(s): {', '.join(nodes)}" in log
+    rows = [ln.split() for ln in log.splitlines() if " SLURM_LOCALID " in ln]
+    assert [r[:3] for r in rows] == [["0", nodes[0], "0/2"], ["1", nodes[0], "1/2"],
+                                     ["2", nodes[1], "0/2"], ["3", nodes[1], "1/2"]]
+
+    probe = json.loads(next(ln for ln in log.splitlines() if ln.startswith("MPI-HOSTS "))[len("MPI-HOSTS "):])
+    assert [(r["host"], r["hostname"], r["node_size"]) for r in probe["ranks"]] == [
+        (nodes[0], nodes[0], 2), (nodes[0], nodes[0], 2), (nodes[1], nodes[1], 2), (nodes[1], nodes[1], 2)]
+    same, other = probe["same_node"], probe["other_node"]
+    assert (same["peer"], other["peer"]) == (1, 2)
+    assert same["eth0_tx"] < 2**20, same  # shared memory: nothing on the wire
+    assert other["bytes"] <= other["eth0_tx"] < 1.2 * other["bytes"], other  # all of it on the wire
+
+    s = summary(tmp_path)
+    assert (s["ranks"], s["generations"], s["evaluations"]) == (4, 30, 1024 + 29 * 512)
+    assert s["state_digest"] == reference(tmp_path.parent, 30)
+    print(f"\n2-node job: {took:.1f} s from sbatch to COMPLETED; node-to-node send of "
+          f"{other['bytes']} B put {other['eth0_tx']} B on {nodes[0]}'s interface, same-node {same['eth0_tx']} B")
+
+
+def test_every_pair_of_ranks_is_connected_so_that_finalize_cannot_hang(cluster):
+    """Ranks that only ever talk to their ring neighbours, across 2 nodes: MPICH's ch4:ucx
+    finalize needs every pair connected (hpcevo.parallel.context.connect_every_pair). Without
+    it 8 jobs in 12 hung after their last output; each of these must end on its own."""
+    for attempt in range(8):
+        out = cluster.run("srun", "--mpi=pmi2", "--nodes=2", "--ntasks-per-node=2", sys.executable, str(PROBE),
+                          "ring", timeout=45)
+        assert "RING-DONE" in out, (attempt, out)
+
+
+def until_done(cluster, job: str, timeout: float) -> dict[str, str]:
+    """The job's record once it has ended for good (a NODE_FAIL on the way is requeued)."""
+    done = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
+    wait_for(lambda: cluster.job(job)["JobState"] in done, timeout, f"job {job} ending")
+    return cluster.job(job)
+
+
+def ranks_on(cluster, node: str) -> list[str]:
+    """hpcevo ranks (not their srun) running on ``node``."""
+    return [c for c in cluster.net[node].processes(RUN) if not c.startswith("srun")]
+
+
+def test_node_killed_mid_run_the_job_ends_requeues_and_resumes_to_the_same_digest(cluster, tmp_path):
+    """One of the job's 2 nodes dies (cable, then every process) after a checkpoint: no rank is
+    left on the other node, Slurm requeues the job (#SBATCH --requeue) onto the nodes still up,
+    it resumes from the last checkpoint and ends with the digest of an uninterrupted run."""
+    gens = 2000
+    job = submit_2_nodes(cluster, tmp_path, f"run.generations={gens}", "log.every=10", "checkpoint.every=100")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: any(checkpoints.glob("gen-*.h5")) and generation(tmp_path) >= 120, 300, "a checkpoint")
+    info = cluster.job(job)
+    nodes, batch = hostnames(cluster, info["NodeList"]), info["BatchHost"]
+    (victim,) = [n for n in nodes if n != batch]
+    assert len(ranks_on(cluster, batch)) == 2 and len(ranks_on(cluster, victim)) == 2
+    at_kill = generation(tmp_path)
+
+    t0 = time.monotonic()
+    cluster.kill_node(victim)
+    noticed = wait_for(lambda: cluster.job(job)["JobState"] != "RUNNING" or cluster.job(job)["Restarts"] != "0",
+                       120, "Slurm noticing the node failure")
+    ranks_gone = wait_for(lambda: not ranks_on(cluster, batch), 120, "the ranks on the surviving node ending")
+    ranks_gone += noticed
+    final = until_done(cluster, job, 600)
+    took = time.monotonic() - t0
+
+    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", final
+    assert victim not in hostnames(cluster, final["NodeList"]) and cluster.node_states()[victim].startswith("down")
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "DUE TO NODE FAILURE" in log
+    resumed = log.split("DUE TO NODE FAILURE")[-1]
+    assert "resuming from 'run/checkpoints/gen-" in resumed
+    assert f"written by 4 ranks on 2 hosts ({', '.join(nodes)})" in resumed
+    assert log.count("ranks exited with code 0") == 1
+    s = summary(tmp_path)
+    assert (s["ranks"], s["generations"], s["status"]) == (4, gens, "complete")
+    assert s["state_digest"] == reference(tmp_path.parent, gens)
+    print(f"\nnode failure: {victim} killed at generation {at_kill}; Slurm noticed after {noticed:.1f} s, the ranks "
+          f"on {batch} were gone after {ranks_gone:.1f} s; requeued onto {final['NodeList']}, completed "
+          f"{took:.1f} s after the kill")
+
+    cluster.revive_node(victim)
+    wait_for(cluster.all_idle, 120, f"{victim} back in service")
+
+
+def test_usr1_across_2_nodes_requeues_resumes_and_the_checkpoint_reads_at_3_ranks(cluster, tmp_path):
+    """The time-limit warning on a 2-node job: checkpoint, exit 75, requeue, resume, the digest of
+    an uninterrupted run. The checkpoint the signal made was written through parallel HDF5 by the
+    ranks of both nodes into the shared directory; 3 ranks on one host resume it to the same end."""
+    gens = 2000
+    job = submit_2_nodes(cluster, tmp_path, f"run.generations={gens}", "log.every=10", "checkpoint.every=0")
+    first = hostnames(cluster, cluster.wait(job, "RUNNING")["NodeList"])
+    t0 = time.monotonic()
+    cluster.signal_and_requeue(job, lambda: generation(tmp_path) >= 100)
+    info = cluster.wait(job, "COMPLETED", timeout=600)
+    took = time.monotonic() - t0
+
+    assert info["Restarts"] == "1"
+    log = (tmp_path / f"job-{job}.out").read_text()
+    assert "stopped by SIGUSR1" in log and "ranks exited with code 75" in log
+    assert "resuming from 'run/checkpoints/gen-" in log.split("ranks exited with code 75")[1]
+    assert log.count("ranks exited with code 0") == 1
+    s = summary(tmp_path)
+    assert (s["ranks"], s["generations"], s["status"]) == (4, gens, "complete")
+    assert s["state_digest"] == reference(tmp_path.parent, gens)
+
+    from hpcevo import checkpoint
+
+    (stopped,) = [p for p in checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")
+                  if checkpoint.generation_of(p) < gens]
+    check = checkpoint.verify_file(stopped)
+    assert check.problem is None and (check.header.ranks, check.header.hosts) == (4, tuple(first))
+    again = tmp_path / "at3"
+    (again / "checkpoints").mkdir(parents=True)
+    shutil.copy(stopped, again / "checkpoints")
+    t1 = time.monotonic()
+    r = subprocess.run([os.environ.get("MPIEXEC", "mpiexec"), "-n", "3", sys.executable, "-m", "hpcevo", "run", EXAMPLE,
+                        "-q", "--resume", "--set", f"run.out={again}", "--set", f"run.generations={gens}"],
+                       capture_output=True, text=True, env=slurm_cluster.launcher_free_env(), timeout=600)
+    assert r.returncode == 0, r.stderr
+    resumed = json.loads((again / "summary.json").read_text())
+    assert (resumed["ranks"], resumed["state_digest"]) == (3, s["state_digest"])
+    print(f"\nUSR1 on {', '.join(first)}: stopped at generation {checkpoint.generation_of(stopped)}, requeued, "
+          f"completed {took:.1f} s after the signal; its checkpoint resumed at 3 ranks in {time.monotonic() - t1:.1f} s")
+
+
+@pytest.mark.parametrize("launcher_args, visible, source", [
+    ("", ["0,1"] * 4, "local rank"),  # --gpus-per-node: every rank sees its node's GPUs
+    ("--gpus-per-task=1", ["0", "1"] * 2, "scheduler"),  # Slurm gives each rank its own
+])
+def test_gpu_template_binds_one_gpu_per_rank_on_each_node(cluster, tmp_path, launcher_args, visible, source):
+    """The GPU job (`--nodes 2 --gpus-per-node 2`) on nodes whose GRES has 2 GPU entries each:
+    the template's own srun line starts the ranks, Slurm sets CUDA_VISIBLE_DEVICES, and hpcevo's
+    binding rules (as if JAX's CUDA plugin were installed) give each rank of a node its own GPU.
+    Only the decision is simulated: there is no GPU behind the entries."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/bash\nexec {sys.executable} {PROBE} gpu-binding\n")
+    python.chmod(0o755)
+    options = ["--nodes", "2", "--gpus-per-node", "2", "--python", str(python)]
+    if launcher_args:
+        options.append(f"--launcher-args={launcher_args}")
+    job = cluster.submit(tmp_path, EXAMPLE, *options)
+    info = cluster.wait(job, "COMPLETED", timeout=120)
+    nodes = hostnames(cluster, info["NodeList"])
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=2" in script and "--ntasks-per-node=2" in script
+    log = (tmp_path / f"job-{job}.out").read_text()
+    rows = json.loads(next(ln for ln in log.splitlines() if ln.startswith("GPU-BINDING "))[len("GPU-BINDING "):])
+    assert [(r["host"], r["local_rank"]) for r in rows] == [(nodes[0], 0), (nodes[0], 1), (nodes[1], 0), (nodes[1], 1)]
+    assert [r["visible"] for r in rows] == visible
+    assert [r["gpu"] for r in rows] == ["0", "1", "0", "1"]
+    assert {r["source"] for r in rows} == {source}
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in rows] == ["0", "1", "0", "1"]
