@@ -237,7 +237,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 raise AssertionError(f"job {job} is {state}, waited for {'/'.join(states)}: {info}\n{self.logs()}")
             time.sleep(0.5)
 
-
     # -- hpcevo's jobs -----------------------------------------------------------------------
     def submit(self, tmp: Path, config: str | Path, *options: str) -> str:
         """`hpcevo jobs submit slurm config ...` from ``tmp``: renders tmp/job.sbatch, calls
@@ -268,6 +267,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             self.wait(job, "RUNNING", "COMPLETED", timeout=after)
         except AssertionError:
             self.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
+
 
 @contextlib.contextmanager
 def private_slurm(root: Path, cpus: int = 4) -> Iterator[Slurm]:

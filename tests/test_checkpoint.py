@@ -99,6 +99,9 @@ def test_a_checkpoint_from_before_hosts_were_recorded_still_reads(tmp_path):
     header = checkpoint.read_header(alone, path)
     assert (header.hosts, header.writers) == ((), "1 rank")
     assert checkpoint.verify_file(path).problem is None
+    with h5py.File(path, "r+") as f:
+        f.attrs["hosts"] = "node1, node2"
+    assert checkpoint.verify_file(path).problem == "attribute 'hosts' is not valid JSON"
 
 
 def test_typed_prng_key_roundtrip(ctx, shared_tmp):

@@ -156,15 +156,23 @@ def header_of(attrs: Any, path: Path) -> Header:
             ranks=int(attrs["ranks"]),
             created=str(attrs["created"]),
             hpcevo_version=str(attrs["hpcevo_version"]),
-            versions=json.loads(attrs["versions"]),
+            versions=_json_attr(attrs, "versions"),
             config_text=str(attrs["config"]),
             complete=bool(attrs["complete"]),
             num_init=int(attrs["num_init"]),
             num_ask=int(attrs["num_ask"]),
-            hosts=tuple(json.loads(attrs.get("hosts", "[]"))),
+            hosts=tuple(_json_attr(attrs, "hosts", "[]")),
         )
     except KeyError as e:
         raise CheckpointDamaged(f"attribute {e.args[0]!r} is missing") from None
+
+
+def _json_attr(attrs: Any, name: str, default: str | None = None) -> Any:
+    text = attrs[name] if default is None else attrs.get(name, default)
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise CheckpointDamaged(f"attribute {name!r} is not valid JSON") from None
 
 
 # What HDF5 and MPI-IO bury in their error stacks, in the words a user searches for.
