@@ -15,8 +15,8 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
                               hpcevo.Migration(every=20, migrants=5)).init(seed=0)
 
 Protocols: ``Algorithm``, ``Problem``, ``HostProblem``. Errors: ``ConfigError``, ``UsageError``,
-``CheckpointError``, ``DivergenceError``. Names load on first use, so ``import hpcevo`` (and the
-command line's start) stays fast.
+``CheckpointError``, ``CheckpointDamaged``, ``DivergenceError``, ``UserCodeExit``. Names load on
+first use, so ``import hpcevo`` (and the command line's start) stays fast.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ _NAMES = {
     "UsageError": "hpcevo.errors",
     "CheckpointError": "hpcevo.errors",
     "DivergenceError": "hpcevo.errors",
+    "CheckpointDamaged": "hpcevo.errors",
+    "UserCodeExit": "hpcevo.errors",
     "EXIT_STOPPED": "hpcevo.errors",
 }
 _SUBMODULES = ("algorithms", "problems", "parallel", "checkpoint")

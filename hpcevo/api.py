@@ -13,17 +13,21 @@ names the config key), ``UsageError`` (a run directory or checkpoint that does n
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
+from . import schema
 from .algorithms.base import Algorithm
 from .config import RunConfig, config_from_dict, read_config
-from .driver import build
-from .driver.execute import execute
+from .driver import arguments, build
+from .driver.execute import Held, RunOptions, execute
 from .driver.result import Result
 from .driver.stopping import StopSource
-from .parallel import ParallelContext
+from .errors import UsageError
+from .parallel import ParallelContext, agreed, init
+from .problems.user import held_name
 
 __all__ = ["load_config", "open_run", "run"]
 
@@ -34,10 +38,17 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], overrides: Sequen
     everything that can be checked without importing a user's code: the schema, the algorithm's
     name and hyper-parameters, and a built-in problem with the algorithm's own checks against
     it. Raises ``ConfigError`` naming the source, the key and what is allowed."""
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence) or not all(
+            isinstance(o, str) for o in overrides):
+        raise UsageError("load_config: 'overrides' must be a list of strings such as \"run.generations=50\", "
+                         f"got {schema.short(overrides)}")
     if isinstance(source, Mapping):
         cfg = config_from_dict(dict(source), "config", list(overrides))
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         cfg = read_config(source, list(overrides))
+    else:
+        raise UsageError("load_config: 'source' must be the path of a TOML file or a dict of its tables, got "
+                         f"{type(source).__name__}")
     build.check(cfg)
     return cfg
 
@@ -62,16 +73,57 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     ``deadline``: stop with a checkpoint before this (seconds, "90m", "01:30:00", a local time).
     ``stop``: what is polled for a stop request (default: SIGTERM, SIGUSR1, SIGINT).
     A run stopped early returns with ``status == "stopped"``.
-    """
-    cfg = config if isinstance(config, RunConfig) else load_config(config)
-    if ctx is None:
-        from .parallel import init
 
+    Every argument is checked on every rank before anything runs, and the ranks agree: an
+    argument that is bad on one rank (a config file missing on one node) raises the same hpcevo
+    error on every rank, and so do inputs that differ between ranks. It returns on every rank
+    once the run's files are written (``open_run(result.run_dir).summary`` is there).
+    """
+    world = _job(ctx)
+
+    def inputs() -> tuple[RunConfig, Held, RunOptions]:
+        options = RunOptions.checked("run", overwrite=overwrite, resume=resume, quiet=quiet, deadline=deadline,
+                                     stop=stop, stream=stream)
+        if host is not None:
+            schema.check(bool, host, "host", "run")
+        if algorithm is not None:
+            arguments.checked_algorithm(algorithm, "run")
+        return _config(config), Held(problem, algorithm, schema.plain(host)), options
+
+    cfg, held, options = agreed(world, "hpcevo.run's input", inputs, _canonical, arguments.differ)
+    if ctx is None:
         par = cfg.parallel
         ctx = init(par.device, par.threads_per_rank, par.share_gpus)
-    summary, history = execute(ctx, cfg, problem=problem, algorithm=algorithm, host=host, overwrite=overwrite,
-                               resume=resume, quiet=quiet, stream=stream, deadline=deadline, stop=stop)
+    summary, history = execute(ctx, cfg, held, options)
     return Result(summary, history, Path(cfg.out_dir))
 
 
+def _job(ctx: Any) -> ParallelContext:
+    """The ranks to agree over: ``ctx``, or this process's place in the job (not bound yet:
+    the config says how)."""
+    if ctx is None:
+        from .parallel import discover
 
+        return discover()
+    if not isinstance(ctx, ParallelContext):
+        raise UsageError(f"run: 'ctx' must be a ParallelContext (hpcevo.parallel.init()), got {type(ctx).__name__}")
+    return ctx
+
+
+def _config(config: Any) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, (str, os.PathLike, Mapping)):
+        return load_config(config)
+    raise UsageError("run: 'config' must be a config from hpcevo.load_config, the path of a TOML file or a "
+                     f"dict of its tables; got {type(config).__name__}")
+
+
+def _canonical(given: tuple[RunConfig, Held, RunOptions]) -> str:
+    """What every rank must have been given alike, as text: the config, what the held objects
+    are, and the options that change what the run does."""
+    cfg, held, options = given
+    what = {"config": cfg.model_dump(), **options.shared(), "host": held.host,
+            "problem": None if held.problem is None else held_name(held.problem),
+            "algorithm": None if held.algorithm is None else arguments.describe([held.algorithm], None)}
+    return json.dumps(what, sort_keys=True, default=repr)

@@ -22,10 +22,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from . import schema
 from .errors import ConfigError, did_you_mean
-
-
-INT32_MAX = 2**31 - 1
+from .schema import INT32_MAX
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # A config needs only what has no sensible default: which algorithm, which problem (and its dim).
 DEFAULT_GENERATIONS = 100
@@ -41,11 +40,10 @@ class _Section(BaseModel):
 class RunSection(_Section):
     # Default (filled in by config_from_dict): the config file's name, else "<algorithm>-<problem>".
     name: str = Field(pattern=NAME_PATTERN, max_length=128)
-    seed: int = Field(0, ge=0, lt=2**32)
-    # The generation counter is a 32-bit integer inside the jitted loop.
-    generations: int = Field(DEFAULT_GENERATIONS, ge=1, le=INT32_MAX)
+    seed: schema.Seed = 0
+    generations: schema.Generations = DEFAULT_GENERATIONS
     out: str | None = None  # default: runs/<name>, relative to the working directory
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: schema.DType = "float32"
 
 
 class AlgorithmSection(_Section):
@@ -53,7 +51,7 @@ class AlgorithmSection(_Section):
     # algorithm's dataclass, the single home of their defaults.
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
     name: str
-    pop_size: int = Field(DEFAULT_POP_SIZE, ge=1, le=INT32_MAX)  # what fits in memory is checked at start-up
+    pop_size: schema.PopSize = DEFAULT_POP_SIZE  # what fits in memory is checked at start-up
 
 
 class ProblemSection(_Section):
@@ -61,7 +59,7 @@ class ProblemSection(_Section):
     name: str | None = None
     # Required by the classic and CEC functions; neuro derives it from the network, and a user's
     # problem may carry its own (see hpcevo/problems).
-    dim: int | None = Field(None, ge=1, le=INT32_MAX)
+    dim: schema.Dim | None = None
     lb: float | list[float] | None = None
     ub: float | list[float] | None = None
     args: dict[str, Any] = Field(default_factory=dict)  # the problem's own arguments
@@ -81,21 +79,14 @@ class ProblemSection(_Section):
 class EvaluationSection(_Section):
     # Most rows one call of the problem function sees; a micro-batch with more rows is evaluated
     # in pieces, one after another, to bound device memory. 0 = a whole micro-batch per call.
-    batch_size: int = Field(0, ge=0)
+    batch_size: schema.BatchSize = 0
     # Host problems only (a NumPy function, an external command): evaluations running at the
     # same time on each rank (threads), how candidates are dealt to ranks ("static": fixed
     # blocks; "dynamic": each rank takes the next candidate when it is free, for evaluations
     # whose cost varies), and the fitness a failed evaluation gets (inf: the worst).
-    concurrency: int = Field(1, ge=1)
-    schedule: Literal["static", "dynamic"] = "static"
-    penalty: float = math.inf
-
-    @field_validator("penalty")
-    @classmethod
-    def _penalty_comparable(cls, v):
-        if math.isnan(v):  # NaN would make every resume look like a changed penalty
-            raise ValueError("must be a number or inf, not nan (inf: the worst fitness)")
-        return v
+    concurrency: schema.Concurrency = 1
+    schedule: schema.Schedule = "static"
+    penalty: schema.Penalty = math.inf
 
 
 # The [evaluation] keys that mean something for host problems only, with their defaults.
@@ -104,19 +95,19 @@ HOST_EVALUATION_KEYS = {"concurrency": 1, "schedule": "static", "penalty": math.
 
 class LogSection(_Section):
     every: int = Field(100, ge=1)
-    progress: Literal["auto", "bar", "lines"] = "auto"
+    progress: schema.Progress = "auto"
 
 
 class ParallelSection(_Section):
-    device: Literal["auto", "cpu", "gpu"] = "auto"
+    device: schema.Device = "auto"
     # XLA CPU splits large reductions over its threads, so the thread count changes the last
     # bits of a result. A fixed default keeps runs bitwise equal at any rank count; "auto" (a
     # fair share of the node's cores) is faster on few ranks but only reproducible at the same
     # rank count.
-    threads_per_rank: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = 1
+    threads_per_rank: schema.Threads = 1
     # Rows per evaluation micro-batch; depends on the population size only, never on the rank
     # count (that is what keeps evaluation bitwise identical across rank counts). 0 = automatic.
-    microbatch: int = Field(0, ge=0)
+    microbatch: schema.Microbatch = 0
     # JAX's persistent compilation cache, so a second launch of the same config skips compiling:
     # "auto" = <run dir's parent>/.jax-cache, "off", or a directory. JAX_COMPILATION_CACHE_DIR in
     # the environment takes precedence.
@@ -163,12 +154,12 @@ class IslandOverride(_Section):
 class IslandsSection(_Section):
     # Several populations (islands), each its own seed; every migrate_every generations each
     # sends `migrants` candidates along the topology. Deterministic at any layout on ranks.
-    count: int = Field(1, ge=1, le=4096)
-    migrate_every: int = Field(50, ge=1, le=INT32_MAX)
-    migrants: int = Field(1, ge=0, le=INT32_MAX)
-    topology: Literal["ring", "all", "random"] = "ring"
-    emigrants: Literal["best", "random"] = "best"
-    replace: Literal["worst", "random"] = "worst"
+    count: schema.IslandCount = 1
+    migrate_every: schema.MigrateEvery = 50
+    migrants: schema.Migrants = 1
+    topology: schema.Topology = "ring"
+    emigrants: schema.Emigrants = "best"
+    replace: schema.Replace = "worst"
     island: list[IslandOverride] = Field(default_factory=list)
 
 
@@ -241,37 +232,60 @@ def _apply_override(data: dict, keys: list[str], value: Any, text: str) -> None:
 def _format_validation(err: ValidationError, model: type[BaseModel], where: str, data: dict) -> ConfigError:
     lines, keys = [], []
     for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        # Union members show up as extra loc parts ("float", "list[float]"); they are noise.
-        loc = [p for p in loc if p not in ("float", "list[float]", "int", "str", "none", "nullable[float]")]
-        key = ".".join(loc)
-        keys.append(key)
+        loc = [p for p in e["loc"] if not schema.is_union_tag(p)]
+        key = schema.key_of(tuple(loc))
         if e["type"] == "extra_forbidden":
-            parent: Any = model
-            for part in loc[:-1]:
-                fld = parent.model_fields.get(part) if hasattr(parent, "model_fields") else None
-                parent = fld.annotation if fld is not None else None
-            valid = list(parent.model_fields) if parent is not None and hasattr(parent, "model_fields") else []
+            keys.append(key)
+            parent = _model_at(model, loc[:-1])
+            valid = list(parent.model_fields) if parent is not None else []
             what = "section" if len(loc) == 1 else "key"
             lines.append(f"unknown {what} '{key}'{did_you_mean(loc[-1], valid, 0.5)} (valid: {', '.join(valid)})")
         elif e["type"] == "missing":
+            keys.append(key)
             parent_data: Any = data
             for part in loc[:-1]:
-                parent_data = parent_data.get(part, {}) if isinstance(parent_data, dict) else {}
+                parent_data = _child(parent_data, part)
             given = list(parent_data) if isinstance(parent_data, dict) else []
-            close = difflib.get_close_matches(loc[-1], given, n=1, cutoff=0.5)
+            close = difflib.get_close_matches(str(loc[-1]), given, n=1, cutoff=0.5)
             if close:  # most often a typo in the key's name, not a forgotten key
-                prefix = ".".join(loc[:-1] + [close[0]])
+                prefix = schema.key_of((*loc[:-1], close[0]))
                 lines.append(f"unknown key '{prefix}'; did you mean '{loc[-1]}'? (required key '{key}' is missing)")
             else:
                 lines.append(f"missing required key '{key}'")
-        elif e["type"] == "value_error":  # our own validators' messages, kept as written
-            lines.append(f"'{key}': {e['ctx']['error']}")
-        else:
-            msg = e["msg"][:1].lower() + e["msg"][1:]  # lower-casing all would change a regex it shows
-            lines.append(f"'{key}': {msg}; got {_short(e['input'])}")
+    for key, line in schema.messages(err.errors(), skip={"extra_forbidden", "missing"}):
+        keys.append(key)
+        lines.append(line)
     text = f"{where}: " + ("\n  ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
     return ConfigError(text, keys[0] if len(set(keys)) == 1 else "")
+
+
+def _model_at(model: Any, loc: list) -> type[BaseModel] | None:
+    """The section (model) at ``loc`` in ``model``: through optional sections and lists of tables."""
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an entry of a list of tables: the list's item type is already in hand
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return None
+        model = _section_type(fields[part].annotation)
+    return model if hasattr(model, "model_fields") else None
+
+
+def _section_type(annotation: Any) -> Any:
+    """The model inside ``X | None`` or ``list[X]`` (the annotation itself when it is one)."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _child(node: Any, part: Any) -> Any:
+    if isinstance(part, int):
+        return node[part] if isinstance(node, list) and 0 <= part < len(node) else {}
+    return node.get(part, {}) if isinstance(node, dict) else {}
 
 
 def read_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunConfig:
@@ -332,12 +346,6 @@ def _default_name(data: dict, name: str | None) -> None:
     run["name"] = name
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut short: a 10,000-element list would bury the message."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + " ..."
-
-
 def _check_bounds(cfg: RunConfig, where: str) -> None:
     """Bounds must be numbers the run's dtype can hold: inf or a float64 beyond float32's range
     would turn every candidate of a float32 run into inf."""
@@ -354,12 +362,14 @@ def _check_bounds(cfg: RunConfig, where: str) -> None:
 
 
 def _copy(data: Any) -> Any:
-    """A deep copy of nested dicts and lists: overrides must not change the caller's dict."""
+    """A deep copy of nested dicts and lists (overrides must not change the caller's dict), with
+    NumPy scalars as the Python numbers they hold and tuples as lists (a dict built in Python
+    holds what a TOML document would)."""
     if isinstance(data, dict):
         return {k: _copy(v) for k, v in data.items()}
-    if isinstance(data, list):
+    if isinstance(data, (list, tuple)):
         return [_copy(v) for v in data]
-    return data
+    return schema.plain(data)
 
 
 # -- time values: checkpoint.deadline and the CLI's --deadline ---------------------------------

@@ -196,7 +196,8 @@ def _stagger_compilation() -> None:
     is most of a pass. Ranks 1..N-1 hold bitwise the same programs (MPICH numbers the
     communicators mpi4jax compiles in alike on every rank but a node's first), so ranks 2.. wait
     until rank 1 has compiled and take its programs from the persistent compilation cache: what
-    any later launch does. Only ``Loop.compile`` is staggered: it does no communication. Where
+    any later launch does. Only ``Loop._compile_programs`` (the compilation itself, inside
+    ``Loop.compile``'s agreement on its outcome) is staggered: it does no communication. Where
     the programs differ after all, the later ranks just compile later."""
     from mpi4py import MPI
 
@@ -204,7 +205,7 @@ def _stagger_compilation() -> None:
 
     comm = CTX.comm_ctl
     followers = comm.Split(0 if comm.rank >= 1 else MPI.UNDEFINED, comm.rank)
-    plain = Loop.compile
+    plain = Loop._compile_programs
 
     def compile_after_rank_1(self, *args, **kwargs):
         if self.ctx is not CTX:  # a one-rank context, or another job's
@@ -212,12 +213,13 @@ def _stagger_compilation() -> None:
         if comm.rank >= 2:
             _idle_until_all_arrive(followers)
             return plain(self, *args, **kwargs)
-        out = plain(self, *args, **kwargs)
-        if comm.rank == 1:
-            _idle_until_all_arrive(followers)
-        return out
+        try:
+            return plain(self, *args, **kwargs)
+        finally:  # (an error must not leave the others waiting here: Loop.compile agrees on it)
+            if comm.rank == 1:
+                _idle_until_all_arrive(followers)
 
-    Loop.compile = compile_after_rank_1
+    Loop._compile_programs = compile_after_rank_1
 
 
 if CTX.size >= 3 and os.environ.get("HPCEVO_TEST_STAGGER", "1") != "0":

@@ -292,10 +292,9 @@ def test_command_failures_are_penalised_counted_logged_and_never_stop_the_run(ct
 
 def test_missing_program_on_some_ranks_fails_everywhere(ctx, files, capsys):
     """The simulator exists on rank 0's node only: every rank exits 2, one message, no hang."""
-    program = files / "sim.sh" if ctx.rank == 0 else files / "absent" / "sim.sh"
     problem = ('name = "command"\ndim = 3\nlb = -1.0\nub = 1.0\n[problem.args]\n'
-               f'command = ["{program}", "{{input}}", "{{output}}", "{{index}}", "{{generation}}"]\n')
-    run_fails_where_missing(ctx, capsys, files, "cso", problem)
+               'command = ["./sim.sh", "{input}", "{output}", "{index}", "{generation}"]\n')
+    run_fails_where_missing(ctx, capsys, files, "cso", problem, {"sim.sh": (files / "sim.sh").read_text()})
 
 
 # -- as a user runs them (launcher pass) ----------------------------------------------------------

@@ -403,3 +403,94 @@ def test_cli_refuses_with_exit_2_and_one_message(capsys):
     assert err.startswith("hpcevo: error: --ranks 4 does not match --nodes 2 x 4 GPUs per node = 8")
     assert main(["jobs", "render", "lsf", EXAMPLE, "--time", "1h"]) == 2
     assert "invalid choice: 'lsf'" in capsys.readouterr().err
+
+
+# -- values that must stay values ---------------------------------------------------------------------
+HOSTILE = ["a\nb", "run.name=x\ntouch {pwned}", "it's \"quoted\"", "$(touch {pwned})", "`touch {pwned}`",
+           "a; touch {pwned}", "back\\slash", "${{HOME}}", "tab\there", "x' ; touch {pwned} ; '"]
+
+
+def recording_launcher(path: Path) -> None:
+    """A stand-in srun/mpiexec that writes the command it was asked to start, one argument per
+    NUL-terminated field, and exits 0."""
+    path.write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$LAUNCH_LOG"\n')
+    path.chmod(0o755)
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs"])
+def test_hostile_values_stay_values_in_a_rendered_script(tmp_path, scheduler, capsys):
+    """Newlines, quotes, $(...), backticks and the like in every value that reaches the script:
+    the script parses (bash -n), has the lines a plain request gives (no value became a line of
+    its own), and run with stand-ins it starts the run with each value byte for byte, having
+    executed none of them."""
+    from hpcevo.cli import main
+
+    pwned = tmp_path / "PWNED"
+    weird = tmp_path / "dir with 'quotes' $(touch PWNED) `touch PWNED`"
+    weird.mkdir()
+    config = weird / "c $(touch PWNED).toml"
+    config.write_text(Path(EXAMPLE).read_text())
+    python = weird / "py$(touch PWNED)thon"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    python.chmod(0o755)
+    sets = [f"run.out={v.format(pwned=pwned)}" for v in HOSTILE]  # (a key that takes any text)
+    launcher_args = f"--extra '$(touch {pwned})' \"`touch {pwned}`\""
+
+    def render_cli(values: list[str], cfg: Path, py: Path, workdir: Path, args: str) -> str:
+        argv = ["jobs", "render", scheduler, str(cfg), "--time", "1h", "--python", str(py), "--workdir", str(workdir),
+                "--launcher-args", args]
+        for v in values:
+            argv += ["--set", v]
+        assert main(argv) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    text = render_cli(sets, config, python, weird, launcher_args)
+    plain = render_cli([f"run.out=n{i}" for i in range(len(sets))], Path(EXAMPLE), python, weird, "--x y")
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    assert len(text.splitlines()) == len(plain.splitlines())
+    assert [ln for ln in text.splitlines() if ln.startswith("#")][1:] != []  # (directives and comments are there)
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    recording_launcher(bindir / ("srun" if scheduler == "slurm" else "mpiexec"))
+    env = pbs_env(tmp_path, 1) if scheduler == "pbs" else {**clean_env(), "SLURM_JOB_ID": "7"}
+    env.update(PATH=f"{bindir}:{env['PATH']}", LAUNCH_LOG=str(tmp_path / "launch.log"))
+    done = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    started = (tmp_path / "launch.log").read_bytes().split(b"\0")[:-1]
+    args = [a.decode() for a in started]
+    i = args.index(str(python))
+    assert args[:i][-3:] == ["--extra", f"$(touch {pwned})", f"`touch {pwned}`"]
+    assert args[i + 1:i + 4] == ["-m", "hpcevo", "run"] and args[i + 4] == str(config)
+    assert [args[j + 1] for j in range(i + 5, len(args)) if args[j] == "--set"] == sets
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def clean_env() -> dict[str, str]:
+    drop = ("PMI_", "PMIX_", "MPI_LOCAL", "HYDRA_", "OMPI_", "SLURM_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("option", ["--cpus-per-rank", "--ranks-per-node", "--ranks"])
+def test_zero_is_refused_not_taken_for_the_default(option, capsys):
+    from hpcevo.cli import main
+
+    assert main(["jobs", "render", "slurm", EXAMPLE, "--time", "1h", option, "0"]) == 2
+    assert capsys.readouterr().err == f"hpcevo: error: {option} 0: must be at least 1\n"
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("kw, message", [
+    ({"output": "a b.out"}, "--output 'a b.out': a path without spaces"),
+    ({"output": "$(id).out"}, "--output"),
+    ({"workdir": "a\nb"}, "--workdir"),
+    ({"prologue": ("module load x\nrm -rf ~",)}, "--prologue"),
+    ({"launcher_args": "-x 'unclosed"}, "--launcher-args"),
+    ({"job_name": "a;b"}, "--job-name"),
+])
+def test_values_that_cannot_stay_values_are_refused(kw, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        render(req(**kw))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 
@@ -194,33 +195,40 @@ def test_bad_name_forms():
 
 def test_problem_file_on_some_ranks_only_fails_everywhere(ctx, shared_tmp, capsys):
     """The file exists on rank 0's node only: every rank exits 2 before any collective."""
-    good = shared_tmp / "only_root.py"
-    if ctx.rank == 0:
-        good.write_text(PROBLEM_FILE)
-    ctx.comm_ctl.Barrier()
-    name = f"{good}:shifted_sphere" if ctx.rank == 0 else f"{shared_tmp / 'absent.py'}:shifted_sphere"
-    problem = f'name = "{name}"\ndim = 3\nlb = -1.0\nub = 1.0\n'
-    if run_fails_where_missing(ctx, capsys, shared_tmp, "pso", problem):
+    problem = 'name = "only_root.py:shifted_sphere"\ndim = 3\nlb = -1.0\nub = 1.0\n'
+    if run_fails_where_missing(ctx, capsys, shared_tmp, "pso", problem, {"only_root.py": PROBLEM_FILE}):
         assert not (shared_tmp / "out" / "summary.json").exists()
 
 
-def run_fails_where_missing(ctx, capsys, tmp, algorithm: str, problem: str) -> bool:
-    """``hpcevo run`` of a config whose [problem] (TOML lines) names a file that only rank 0
-    has: at one rank the run succeeds (False); at more, every rank exits 2 and rank 0 alone
-    prints one message, naming rank 1 (True)."""
-    config = tmp / f"c{ctx.rank}.toml"
-    config.write_text(
+def run_fails_where_missing(ctx, capsys, tmp, algorithm: str, problem: str, on_rank_0: dict[str, str]) -> bool:
+    """``hpcevo run`` of a config whose [problem] (TOML lines) names, relative to the working
+    directory, files (``on_rank_0``: name -> text) that only rank 0's node has: each rank runs
+    in a directory of its own, as each node has its own disk, with the same config. At one
+    rank the run succeeds (False); at more, every rank exits 2 and rank 0 alone prints one
+    message, naming rank 1 (True)."""
+    node = tmp / f"node{ctx.rank}"
+    node.mkdir()
+    if ctx.rank == 0:
+        for name, text in on_rank_0.items():
+            (node / name).write_text(text)
+            (node / name).chmod(0o755)
+    (node / "c.toml").write_text(
         f'[run]\nname = "t"\ngenerations = 1\nout = "{tmp / "out"}"\n'
         f'[algorithm]\nname = "{algorithm}"\npop_size = 8\n[problem]\n{problem}'
     )
-    code = cli.main(["run", str(config), "-q"])
+    here = os.getcwd()
+    os.chdir(node)
+    try:
+        code = cli.main(["run", "c.toml", "-q"])
+    finally:
+        os.chdir(here)
     _, err = capsys.readouterr()
     if ctx.size == 1:
-        assert code == 0
+        assert code == 0, err
         return False
     assert code == 2
     if ctx.rank == 0:
-        assert err.count("error:") == 1 and "not found" in err and "reported by rank 1" in err
+        assert err.count("error:") == 1 and "not found" in err and "reported by rank 1" in err, err
     else:
         assert err == ""
     return True

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..errors import ConfigError
+
 
 def ranks(fitness: jax.Array) -> jax.Array:
     """0 for the best (lowest), n - 1 for the worst; ties keep index order (stable sort)."""
@@ -78,7 +80,7 @@ def clipup_step(velocity: jax.Array, grad: jax.Array, step_size: float, momentum
 def check_positive(**values: float) -> None:
     for name, v in values.items():
         if not v > 0:
-            raise ValueError(f"{name} must be > 0, got {v}")
+            raise ConfigError(f"{name} must be > 0, got {v}")
 
 
 def check_unit(name: str, v: float, *, closed_low: bool = True, closed_high: bool = True) -> None:
@@ -86,7 +88,7 @@ def check_unit(name: str, v: float, *, closed_low: bool = True, closed_high: boo
     hi_ok = v <= 1 if closed_high else v < 1
     if not (lo_ok and hi_ok):
         lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
-        raise ValueError(f"{name} must be in {lo}0, 1{hi}, got {v}")
+        raise ConfigError(f"{name} must be in {lo}0, 1{hi}, got {v}")
 
 
 # -- per-candidate noise and order-fixed update sums (OpenES, PGPE, SNES) ---------------------------
@@ -233,7 +235,7 @@ class BlockedES:
 
     def _check_blocked(self) -> None:
         if self.block < 0:
-            raise ValueError(f"block must be >= 0 (0: automatic), got {self.block}")
+            raise ConfigError(f"block must be >= 0 (0: automatic), got {self.block}")
 
     def split_key(self, state):
         key, k = jax.random.split(state.key)
@@ -296,7 +298,7 @@ class MirroredES(BlockedES):
 
     def _check_blocked(self) -> None:
         if self.pop_size < 2 or self.pop_size % 2:
-            raise ValueError(f"mirrored sampling needs an even pop_size >= 2, got {self.pop_size}")
+            raise ConfigError(f"mirrored sampling needs an even pop_size >= 2, got {self.pop_size}")
         super()._check_blocked()
 
     def expand(self, state, z: jax.Array) -> jax.Array:

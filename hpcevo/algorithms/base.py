@@ -20,10 +20,16 @@ derive from, and what an algorithm of your own can derive from too.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import typing
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+
+from .. import schema
+from ..errors import ConfigError, did_you_mean
 
 State = Any
 
@@ -96,10 +102,45 @@ class BaseAlgorithm(Algorithm):
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.pop_size < 1:
-            raise ValueError(f"pop_size must be >= 1, got {self.pop_size}")
-        if len(self.lb) != self.dim or len(self.ub) != self.dim:
-            raise ValueError("lb and ub must have one entry per dimension")
+        # The same checks as a config's [algorithm] section (hpcevo.schema), so an object built in
+        # Python is refused where a config would be, naming the argument; NumPy scalars and
+        # arrays become the plain numbers and tuples a static jit argument needs.
+        where = type(self).__name__
+        for name, kind in self.field_types().items():
+            value = getattr(self, name)
+            if name in ("lb", "ub"):
+                value = _box(where, name, value, self.dim)
+            else:
+                value = schema.check(kind, value, name, where)
+            object.__setattr__(self, name, value)
+        for i, (lo, hi) in enumerate(zip(self.lb, self.ub)):
+            if not lo < hi:
+                raise ConfigError(f"{where}: lb must be < ub in every coordinate; at coordinate {i} lb = {lo}, "
+                                  f"ub = {hi}", "lb")
+
+    @classmethod
+    @functools.cache
+    def field_types(cls) -> dict[str, Any]:
+        """Each constructor argument's type as the schema checks it (the base fields' own
+        ranges; a hyper-parameter's annotation, e.g. ``float`` or ``Literal["none", "ipop"]``)."""
+        hints = typing.get_type_hints(cls)
+        base = {"pop_size": schema.PopSize, "dim": schema.Dim, "dtype": schema.DType, "lb": None, "ub": None}
+        return {f.name: base[f.name] if f.name in base else hints[f.name]
+                for f in dataclasses.fields(cls) if f.init}
+
+    @classmethod
+    def check_parameters(cls, values: dict[str, Any], where: str, label: str = "") -> dict[str, Any]:
+        """``values`` (hyper-parameters by name) checked against their types: ConfigError names
+        the first that is unknown or of the wrong type. Ranges are the constructor's to check.
+        ``label``: the algorithm's name in messages (default: the class's)."""
+        fields, out = cls.hyper_parameters(), {}
+        for key, value in values.items():
+            if key not in fields:
+                valid = ["name", "pop_size", *fields]
+                raise ConfigError(f"{where}: unknown key 'algorithm.{key}' for {label or cls.__name__.lower()}"
+                                  f"{did_you_mean(key, valid, 0.5)} (valid: {', '.join(valid)})", f"algorithm.{key}")
+            out[key] = schema.check(cls.field_types()[key], value, f"algorithm.{key}", where)
+        return out
 
     # -- hyper-parameters that a config may set: the dataclass fields past the base ones --------
     @classmethod
@@ -159,7 +200,7 @@ class MultiObjectiveAlgorithm(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_objectives < 2:
-            raise ValueError(f"a multi-objective algorithm needs >= 2 objectives, got {self.num_objectives}")
+            raise ConfigError(f"a multi-objective algorithm needs >= 2 objectives, got {self.num_objectives}")
 
     @classmethod
     def hyper_parameters(cls) -> dict[str, dataclasses.Field]:
@@ -169,3 +210,16 @@ class MultiObjectiveAlgorithm(BaseAlgorithm):
 
     def population(self, state: State) -> tuple[jax.Array, jax.Array]:
         raise NotImplementedError  # each multi-objective algorithm has one
+
+
+def _box(where: str, name: str, value: Any, dim: int) -> tuple[float, ...]:
+    """A bound as one float per coordinate: a number is the same for all."""
+    value = schema.plain(value)
+    if hasattr(value, "tolist"):  # a NumPy or JAX array
+        value = value.tolist()
+    values = [value] * dim if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+    if not isinstance(values, (list, tuple)) or len(values) != dim or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise ConfigError(f"{where}: {name} must be a finite number or {dim} finite numbers (one per "
+                          f"coordinate, dim = {dim}); got {schema.short(value)}", name)
+    return tuple(float(v) for v in values)

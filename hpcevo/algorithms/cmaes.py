@@ -42,6 +42,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -80,13 +81,13 @@ class _CMABase(BaseAlgorithm):
         super().__post_init__()
         _es.check_positive(sigma_init=self.sigma_init)
         if self.restart not in ("none", "ipop"):
-            raise ValueError(f"restart must be 'none' or 'ipop', got {self.restart!r}")
+            raise ConfigError(f"restart must be 'none' or 'ipop', got {self.restart!r}")
         if self.restart == "none" and self.lambda0:
-            raise ValueError("lambda0 applies only with restart = 'ipop' (pop_size is lambda otherwise)")
+            raise ConfigError("lambda0 applies only with restart = 'ipop' (pop_size is lambda otherwise)")
         if self.lam_start < 2:
-            raise ValueError(f"the population (lambda) must be >= 2, got {self.lam_start}")
+            raise ConfigError(f"the population (lambda) must be >= 2, got {self.lam_start}")
         if self.lam_start > self.pop_size:
-            raise ValueError(
+            raise ConfigError(
                 f"lambda0 = {self.lam_start} exceeds pop_size = {self.pop_size}; with restart = 'ipop', "
                 "pop_size is the largest population the restarts may grow to"
             )

@@ -23,6 +23,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from .base import BaseAlgorithm
 
 
@@ -48,9 +49,9 @@ class CSO(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 2:
-            raise ValueError(f"CSO needs pop_size >= 2 to form a pair, got {self.pop_size}")
+            raise ConfigError(f"CSO needs pop_size >= 2 to form a pair, got {self.pop_size}")
         if not 0.0 <= self.phi <= 1.0:
-            raise ValueError(f"phi must be in [0, 1], got {self.phi}")
+            raise ConfigError(f"phi must be in [0, 1], got {self.phi}")
 
     @property
     def num_init(self) -> int:

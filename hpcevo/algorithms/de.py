@@ -27,6 +27,7 @@ from typing import ClassVar, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -120,12 +121,12 @@ class DE(_DEBase):
         super().__post_init__()
         need = {"rand/1/bin": 4, "current-to-best/1/bin": 3}
         if self.strategy not in need:
-            raise ValueError(f"strategy must be one of {', '.join(need)}, got {self.strategy!r}")
+            raise ConfigError(f"strategy must be one of {', '.join(need)}, got {self.strategy!r}")
         if self.pop_size < need[self.strategy]:
-            raise ValueError(
+            raise ConfigError(
                 f"DE/{self.strategy} needs pop_size >= {need[self.strategy]} (distinct donors), got {self.pop_size}")
         if not 0 < self.F <= 2:
-            raise ValueError(f"F must be in (0, 2], got {self.F}")
+            raise ConfigError(f"F must be in (0, 2], got {self.F}")
         _es.check_unit("CR", self.CR)
 
     def init(self, key: jax.Array) -> DEState:
@@ -166,7 +167,7 @@ class JADE(_DEBase):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 3:
-            raise ValueError(f"JADE needs pop_size >= 3 (distinct donors), got {self.pop_size}")
+            raise ConfigError(f"JADE needs pop_size >= 3 (distinct donors), got {self.pop_size}")
         _es.check_unit("p", self.p, closed_low=False)
         _es.check_unit("c", self.c)
 

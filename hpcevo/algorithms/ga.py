@@ -25,6 +25,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -77,9 +78,9 @@ def check_variation(crossover_rate: float, eta_c: float, mutation_rate: float, e
     """The SBX / polynomial mutation settings' checks (shared with NSGA-II and MOEA/D)."""
     _es.check_unit("crossover_rate", crossover_rate)
     if not 0 <= mutation_rate <= dim:
-        raise ValueError(f"mutation_rate must be in [0, dim = {dim}], got {mutation_rate}")
+        raise ConfigError(f"mutation_rate must be in [0, dim = {dim}], got {mutation_rate}")
     if eta_c < 0 or eta_m < 0:
-        raise ValueError("eta_c and eta_m must be >= 0")
+        raise ConfigError("eta_c and eta_m must be >= 0")
 
 
 class GAState(NamedTuple):
@@ -103,12 +104,12 @@ class GA(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 2:
-            raise ValueError(f"GA needs pop_size >= 2, got {self.pop_size}")
+            raise ConfigError(f"GA needs pop_size >= 2, got {self.pop_size}")
         if self.tournament < 1:
-            raise ValueError(f"tournament must be >= 1, got {self.tournament}")
+            raise ConfigError(f"tournament must be >= 1, got {self.tournament}")
         check_variation(self.crossover_rate, self.eta_c, self.mutation_rate, self.eta_m, self.dim)
         if not 0 <= self.elites < self.pop_size:
-            raise ValueError(f"elites must be in [0, pop_size), got {self.elites}")
+            raise ConfigError(f"elites must be in [0, pop_size), got {self.elites}")
 
     def init(self, key: jax.Array) -> GAState:
         key, k = jax.random.split(key)

@@ -26,19 +26,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import schema
+
 TOPOLOGIES = ("ring", "all", "random")
 # fold_in data for the migration keys: beyond any island index, so no island shares its stream.
 _MIGRATION_STREAM = 2**31 - 1
 
 
-class Migration(NamedTuple):
-    """How islands exchange candidates (the ``[islands]`` keys)."""
-
+class _Fields(NamedTuple):
     every: int  # generations between migrations: after each generation g with g % every == 0
     migrants: int  # m, per island
     topology: str = "ring"
     emigrants: str = "best"
     replace: str = "worst"
+
+
+class Migration(_Fields):
+    """How islands exchange candidates (the ``[islands]`` keys, checked as the config checks
+    them: ConfigError names the argument)."""
+
+    __slots__ = ()
+    _TYPES = {"every": schema.MigrateEvery, "migrants": schema.Migrants, "topology": schema.Topology,
+              "emigrants": schema.Emigrants, "replace": schema.Replace}
+
+    def __new__(cls, every: int, migrants: int, topology: str = "ring", emigrants: str = "best",
+                replace: str = "worst") -> "Migration":
+        given = {"every": every, "migrants": migrants, "topology": topology, "emigrants": emigrants,
+                 "replace": replace}
+        values = {k: schema.check(cls._TYPES[k], v, k, "Migration") for k, v in given.items()}
+        return super().__new__(cls, **values)
 
 
 def unfit(algorithms: list, migration: Migration, host: bool) -> tuple[str, str] | None:

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..errors import ConfigError
 from .mo import das_dennis
 from .base import MultiObjectiveAlgorithm
 from .ga import check_variation, polynomial_mutation, sbx
@@ -88,12 +89,12 @@ class MOEAD(MultiObjectiveAlgorithm):
             h = 1
             while lattice_size(m, h + 1) <= n:
                 h += 1
-            raise ValueError(
+            raise ConfigError(
                 f"pop_size must be a number of evenly spread weight vectors for {m} objectives, "
                 f"C(H + {m - 1}, {m - 1}); {n} is not: the nearest are {lattice_size(m, h)} and "
                 f"{lattice_size(m, h + 1)}")
         if not 2 <= self.neighbours <= n:
-            raise ValueError(f"neighbours must be in [2, pop_size = {n}], got {self.neighbours}")
+            raise ConfigError(f"neighbours must be in [2, pop_size = {n}], got {self.neighbours}")
         check_variation(self.crossover_rate, self.eta_c, self.mutation_rate, self.eta_m, self.dim)
 
     def _tables(self):

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import expm
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -54,10 +55,10 @@ class _NESBase(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 2:
-            raise ValueError(f"pop_size must be >= 2, got {self.pop_size}")
+            raise ConfigError(f"pop_size must be >= 2, got {self.pop_size}")
         _es.check_positive(sigma_init=self.sigma_init, eta_mu=self.eta_mu)
         if self.eta_sigma < 0:
-            raise ValueError(f"eta_sigma must be >= 0 (0: paper default), got {self.eta_sigma}")
+            raise ConfigError(f"eta_sigma must be >= 0 (0: paper default), got {self.eta_sigma}")
 
     def _candidates(self, mean, scaled):
         x = mean + scaled

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from .mo import crowded_order, crowding_distance, non_dominated_rank
 from .base import MultiObjectiveAlgorithm
 from .ga import check_variation, polynomial_mutation, sbx
@@ -57,7 +58,7 @@ class NSGA2(MultiObjectiveAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 2:
-            raise ValueError(f"NSGA-II needs pop_size >= 2, got {self.pop_size}")
+            raise ConfigError(f"NSGA-II needs pop_size >= 2, got {self.pop_size}")
         check_variation(self.crossover_rate, self.eta_c, self.mutation_rate, self.eta_m, self.dim)
 
     def init(self, key: jax.Array) -> NSGA2State:

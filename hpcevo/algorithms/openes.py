@@ -30,6 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -70,7 +71,7 @@ class OpenES(_es.MirroredES, BaseAlgorithm):
         _es.check_unit("beta1", self.beta1, closed_high=False)
         _es.check_unit("beta2", self.beta2, closed_high=False)
         if min(self.sigma_min, self.lr_min, self.weight_decay, self.adam_eps) < 0:
-            raise ValueError("sigma_min, lr_min, weight_decay and adam_eps must be >= 0")
+            raise ConfigError("sigma_min, lr_min, weight_decay and adam_eps must be >= 0")
 
     def init(self, key: jax.Array) -> OpenESState:
         key, k = jax.random.split(key)

@@ -33,6 +33,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from . import _es
 from .base import BaseAlgorithm
 
@@ -65,11 +66,11 @@ class PGPE(_es.MirroredES, BaseAlgorithm):
         super().__post_init__()
         self._check_blocked()
         if self.optimizer not in ("sgd", "clipup"):
-            raise ValueError(f"optimizer must be 'sgd' or 'clipup', got {self.optimizer!r}")
+            raise ConfigError(f"optimizer must be 'sgd' or 'clipup', got {self.optimizer!r}")
         _es.check_positive(sigma_init=self.sigma_init, center_lr=self.center_lr,
                            clipup_step=self.clipup_step, clipup_max_speed=self.clipup_max_speed)
         if self.sigma_lr < 0:
-            raise ValueError(f"sigma_lr must be >= 0, got {self.sigma_lr}")
+            raise ConfigError(f"sigma_lr must be >= 0, got {self.sigma_lr}")
         _es.check_unit("sigma_max_change", self.sigma_max_change, closed_low=False, closed_high=False)
         _es.check_unit("momentum", self.momentum, closed_high=False)
 

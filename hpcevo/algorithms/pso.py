@@ -26,6 +26,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..errors import ConfigError
 from .base import BaseAlgorithm
 
 
@@ -52,14 +53,14 @@ class PSO(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.coefficients not in ("per_coordinate", "per_particle"):
-            raise ValueError(f"coefficients must be 'per_coordinate' or 'per_particle', got {self.coefficients!r}")
+            raise ConfigError(f"coefficients must be 'per_coordinate' or 'per_particle', got {self.coefficients!r}")
         if not 0.0 <= self.w < 1.0:
-            raise ValueError(f"w must be in [0, 1), got {self.w}")
+            raise ConfigError(f"w must be in [0, 1), got {self.w}")
         for name in ("c1", "c2"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 < self.v_max_frac <= 1.0:
-            raise ValueError(f"v_max_frac must be in (0, 1], got {self.v_max_frac}")
+            raise ConfigError(f"v_max_frac must be in (0, 1], got {self.v_max_frac}")
 
     def init(self, key: jax.Array) -> PSOState:
         key, k_pos, k_vel = jax.random.split(key, 3)
@@ -153,11 +154,11 @@ class SLPSO(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.pop_size < 2:
-            raise ValueError(f"SL-PSO needs pop_size >= 2 (a demonstrator), got {self.pop_size}")
+            raise ConfigError(f"SL-PSO needs pop_size >= 2 (a demonstrator), got {self.pop_size}")
         if self.M < 1:
-            raise ValueError(f"M must be >= 1, got {self.M}")
+            raise ConfigError(f"M must be >= 1, got {self.M}")
         if self.alpha < 0 or self.beta < 0:
-            raise ValueError("alpha and beta must be >= 0")
+            raise ConfigError("alpha and beta must be >= 0")
 
     def init(self, key: jax.Array) -> SLPSOState:
         key, k = jax.random.split(key)

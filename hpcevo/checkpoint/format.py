@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CheckpointDamaged
+
 FORMAT = "hpcevo-checkpoint"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^gen-(\d{9,})\.h5$")
-
-
-class CheckpointDamaged(Exception):
-    """A checkpoint file that cannot be trusted (truncated, bad checksum, unfinished)."""
 
 
 @dataclasses.dataclass

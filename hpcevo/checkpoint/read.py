@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..parallel import ParallelContext, collective_stage, shard_of
+from ..parallel import ParallelContext, agreed, collective_stage, shard_of
 from .format import CheckpointDamaged, Header, header_of, oserror_text
 from .layout import block_crc, template_leaves
 
@@ -59,8 +59,21 @@ def _agreed(error: BaseException) -> BaseException:
     return error if isinstance(error, UsageError) else CheckpointDamaged(str(error))
 
 
+def _agreed_path(ctx: ParallelContext, path: Path) -> Path:
+    """``path``, the same file on every rank: parallel HDF5 opens it on all of them together, and
+    a rank that cannot (another path, a node that does not see it) would leave the others waiting."""
+    def check() -> Path:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"checkpoint '{p}' not found" + (f" on rank {ctx.rank} ({ctx.host})" if ctx.size > 1 else ""))
+        return p
+
+    return agreed(ctx, "the checkpoint's path", check, str)
+
+
 def read_header(ctx: ParallelContext, path: Path) -> Header:
     """Collective. Raises CheckpointDamaged (on every rank) if the file cannot be trusted."""
+    path = _agreed_path(ctx, path)
     header = None
     with collective_stage(ctx, convert=_agreed):
         try:
@@ -81,6 +94,7 @@ def load(ctx: ParallelContext, path: Path, template: Any) -> Loaded:
     """
     import jax
 
+    path = _agreed_path(ctx, path)
     specs, treedef = template_leaves(template)
     result = None
     with collective_stage(ctx, convert=_agreed):

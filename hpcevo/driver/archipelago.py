@@ -18,10 +18,11 @@ from .. import checkpoint
 from ..algorithms import migration as mig
 from ..algorithms.base import Algorithm
 from ..errors import DivergenceError, UsageError
-from ..parallel import ParallelContext, allgather_obj
+from ..parallel import ParallelContext, agree_same, agreed, allgather_obj, collective_stage, user_code
+from . import arguments
 from .engine import state_digest
 from .islands import IslandsEngine, Totals
-from .loop import HistoryBuffer, chunks, evaluations
+from .loop import HistoryBuffer, as_loop_problem, chunks, context, evaluations, user_errors
 
 FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
 
@@ -36,14 +37,19 @@ class Archipelago:
     def __init__(self, algorithms: Sequence[Algorithm], problem: Any, ctx: ParallelContext | None = None,
                  migration: mig.Migration = mig.Migration(50, 1), *, names: Sequence[str] | None = None,
                  microbatch: int | None = None, batch_size: int | None = None):
-        if ctx is None:
-            from ..parallel import init
-
-            ctx = init()
-        _check(algorithms, problem, migration)
-        self.ctx, self.problem, self.algorithms = ctx, problem, list(algorithms)
-        self.names = list(names) if names is not None else [type(a).__name__ for a in algorithms]
-        self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=microbatch, batch_size=batch_size)
+        ctx = context(ctx, "Archipelago")
+        opts: dict[str, Any] = {}
+        with collective_stage(ctx), user_code(ctx, "the problem"):
+            opts = arguments.options("Archipelago", microbatch=microbatch, batch_size=batch_size)
+            algorithms, names = _checked_islands(algorithms, names, migration)
+            problem = as_loop_problem(problem, algorithms[0], opts.pop("host"))
+            _check(algorithms, problem, migration)
+        settings = {**opts, "migration": list(migration), "names": names}
+        agree_same(ctx, arguments.describe(algorithms, problem, **settings),
+                   "Archipelago's algorithms, problem, migration or options", arguments.differ)
+        self.ctx, self.problem, self.algorithms, self.names = ctx, problem, algorithms, names
+        self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=opts["microbatch"],
+                                    batch_size=opts["batch_size"])
         self.algorithm = Totals(sum(a.pop_size for a in algorithms), sum(a.num_init for a in algorithms),
                                 sum(a.num_ask for a in algorithms))
         self.local = self.engine.local
@@ -51,6 +57,7 @@ class Archipelago:
         self.state: tuple | None = None
         self.generation = 0
         self._histories = [HistoryBuffer() for _ in algorithms]
+        self._compiled: set[bool] = set()
         self.failures: list[dict] = []
 
     @property
@@ -59,6 +66,8 @@ class Archipelago:
 
     # -- running -----------------------------------------------------------------------------------
     def init(self, seed: int) -> "Archipelago":
+        seed = arguments.seed(self.ctx, seed, "Archipelago.init")
+        self.compile(seed, first=True)
         self.state, part = self.engine.start(seed)
         self.seed, self.generation = seed, 1
         self._histories = [HistoryBuffer() for _ in self.algorithms]
@@ -66,10 +75,13 @@ class Archipelago:
         return self
 
     def advance(self, generations: int = 1) -> "Archipelago":
+        n = arguments.generations(self.ctx, generations, self.generation, "Archipelago.advance")
         self._require_state()
-        for n in chunks(generations):
-            self.state, part = self.engine.advance(self.state, n, self.seed)
-            self.generation += n
+        if n:
+            self.compile(self.seed or 0, first=False)
+        for k in chunks(n):
+            self.state, part = self.engine.advance(self.state, k, self.seed)
+            self.generation += k
             self._took(part)
         return self
 
@@ -78,7 +90,13 @@ class Archipelago:
             self._histories[i].append(rows)
 
     def compile(self, seed: int = 0, first: bool = True) -> "Archipelago":
-        self.engine.compile(seed, first=first)
+        """As ``Loop.compile``: an error while tracing any rank's islands is every rank's."""
+        want = {True, False} if first else {False}
+        if want <= self._compiled:
+            return self
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            self.engine.compile(seed, first=first)
+        self._compiled |= want
         return self
 
     def close(self) -> None:
@@ -175,18 +193,24 @@ class Archipelago:
 
     # -- checkpoints (collective) ------------------------------------------------------------------
     def snapshot(self, config_text: str = "") -> checkpoint.Snapshot:
-        a = self.algorithm
+        a, state = self.algorithm, self.full_state()
         return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text,
-                                   self.full_state(), self.history, a.num_init, a.num_ask)
+                                   state, self.history, a.num_init, a.num_ask)
 
     def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
-        return checkpoint.write(self.ctx, Path(directory), self.snapshot(config_text), keep=keep)
+        directory = arguments.path(self.ctx, directory, "Archipelago.save", "directory")
+        keep = arguments.keep(self.ctx, keep, "Archipelago.save")
+        agreed(self.ctx, "Archipelago.save", self._require_state, lambda _: "")
+        return checkpoint.write(self.ctx, directory, self.snapshot(str(config_text)), keep=keep)
 
     def template(self) -> tuple:
         return self.engine.template()
 
     def load(self, path: str | Path) -> "Archipelago":
-        return self.restore(checkpoint.load(self.ctx, Path(path), self.template()))
+        path = arguments.path(self.ctx, path, "Archipelago.load", "path", file=True)
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            template = self.template()
+        return self.restore(checkpoint.load(self.ctx, path, template))
 
     def restore(self, loaded: checkpoint.Loaded) -> "Archipelago":
         expected = sorted([*FIELDS, *(f"island{i}.{k}" for i in range(self.count) for k in FIELDS)])
@@ -202,9 +226,23 @@ class Archipelago:
         return self
 
 
+def _checked_islands(algorithms: Any, names: Any, migration: Any) -> tuple[list[Algorithm], list[str]]:
+    if isinstance(algorithms, (str, bytes)) or not isinstance(algorithms, Sequence) or not algorithms:
+        raise UsageError("Archipelago: 'algorithms' must be a non-empty list of algorithms, one per island; got "
+                         f"{type(algorithms).__name__}")
+    checked = [arguments.checked_algorithm(a, f"Archipelago: island {i}") for i, a in enumerate(algorithms)]
+    if names is None:
+        names = [type(a).__name__ for a in checked]
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or len(names) != len(checked) \
+            or not all(isinstance(n, str) for n in names):
+        raise UsageError(f"Archipelago: 'names' must be a list of {len(checked)} strings, one per island")
+    if not isinstance(migration, mig.Migration):
+        raise UsageError("Archipelago: 'migration' must be an hpcevo.Migration(every=..., migrants=...), got "
+                         f"{type(migration).__name__}")
+    return checked, list(names)
+
+
 def _check(algorithms: Sequence[Algorithm], problem: Any, migration: mig.Migration) -> None:
-    if not algorithms:
-        raise UsageError("an archipelago needs at least one island")
     found = mig.unfit(list(algorithms), migration, bool(getattr(problem, "host", False)))
     if found is not None:
         raise UsageError(found[1])

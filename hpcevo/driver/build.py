@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import typing
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm
@@ -123,19 +124,7 @@ def _check_algorithm_section(cfg: RunConfig) -> None:
     if name not in ALGORITHMS:
         raise ConfigError(f"{where}: 'algorithm.name': unknown algorithm {name!r}{did_you_mean(name, ALGORITHMS, 0.5)} "
                           f"(available: {', '.join(sorted(ALGORITHMS))})", "algorithm.name")
-    cls = ALGORITHMS[name]
-    fields = cls.hyper_parameters()
-    for key, value in cfg.algorithm_params.items():
-        if key not in fields:
-            valid = ["name", "pop_size", *fields]
-            raise ConfigError(f"{where}: unknown key 'algorithm.{key}' for {name}{did_you_mean(key, valid, 0.5)} "
-                              f"(valid: {', '.join(valid)})", f"algorithm.{key}")
-        try:
-            kind = typing.get_type_hints(cls)[key]
-            TypeAdapter(kind, config=ConfigDict(strict=True)).validate_python(value)
-        except ValidationError as e:
-            raise ConfigError(f"{where}: 'algorithm.{key}': {e.errors()[0]['msg'].lower()}; got {value!r}",
-                              f"algorithm.{key}") from None
+    ALGORITHMS[name].check_parameters(cfg.algorithm_params, where, name)
 
 
 def build_algorithm(cfg: RunConfig, problem: AnyProblem, held: Algorithm | None = None) -> Algorithm:
@@ -163,7 +152,9 @@ def build_algorithm(cfg: RunConfig, problem: AnyProblem, held: Algorithm | None 
         return cls(pop_size=cfg.algorithm.pop_size, dim=problem.dim, lb=problem.lb, ub=problem.ub,
                    dtype=cfg.run.dtype, **extra, **cfg.algorithm_params)
     except ValueError as e:
-        raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}", "algorithm") from None
+        key = getattr(e, "key", "")
+        raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}",
+                          f"algorithm.{key}" if key and key in cls.hyper_parameters() else "algorithm") from None
 
 
 def _check_fit(cfg: RunConfig, problem: AnyProblem, cls: type, distributed: bool) -> None:
@@ -339,25 +330,80 @@ def prepare_jax(cfg: RunConfig) -> None:
 COMPILE_CACHE_MAX_BYTES = 4 << 30
 
 
-def enable_compile_cache(cfg: RunConfig) -> str | None:
+def enable_compile_cache(cfg: RunConfig) -> tuple[str | None, str]:
     """Point JAX's persistent compilation cache at the configured directory (before the first
-    compilation). A directory already configured (JAX_COMPILATION_CACHE_DIR) is kept."""
+    compilation); the directory (None: off) and a note for the log ("" when there is none).
+
+    A cache holds compiled programs that every later run loads and executes, so it must be a
+    directory only this user can write: "auto" (``<run dir's parent>/.jax-cache``) is created
+    with mode 0700 and used only if it is this user's and writable by no one else (a run
+    directory under /tmp would otherwise share /tmp/.jax-cache); else the per-user cache
+    (``$XDG_CACHE_HOME/hpcevo/jax-cache``, default ``~/.cache``) is used, else none. A directory
+    named in the config that fails the check is refused. A directory already configured
+    (JAX_COMPILATION_CACHE_DIR in the environment) is the environment's choice and kept as is."""
     import jax
 
-    path = jax.config.jax_compilation_cache_dir
+    path, note = jax.config.jax_compilation_cache_dir, ""
     if not path:
         setting = cfg.parallel.compile_cache
         if setting == "off":
-            return None
-        path = str(cfg.out_dir.parent / ".jax-cache" if setting == "auto" else Path(setting))
-        jax.config.update("jax_compilation_cache_dir", path)
+            return None, ""
+        if setting == "auto":
+            path, note = _auto_cache(cfg.out_dir.parent / ".jax-cache")
+            if path is None:
+                return None, note
+        else:
+            why = _private_dir(Path(setting))
+            if why:
+                raise ConfigError(f"{cfg.source}: 'parallel.compile_cache': '{setting}' {why}: a compilation cache "
+                                  "holds programs that every run loads and executes; use a directory only you "
+                                  "can write (or \"auto\", or \"off\")", "parallel.compile_cache")
+            path = setting
+        jax.config.update("jax_compilation_cache_dir", str(path))
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         # Most of our programs compile in well under a second each, and together they are most
         # of a launch: JAX's default (skip those under 1 s) would cache almost none of them.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if jax.config.jax_compilation_cache_max_size < 0:
         jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
-    return path
+    return str(path), note
+
+
+def user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpcevo" / "jax-cache"
+
+
+def _auto_cache(beside_runs: Path) -> tuple[str | None, str]:
+    why = _private_dir(beside_runs)
+    if not why:
+        return str(beside_runs), ""
+    fallback = user_cache_dir()
+    why_not = _private_dir(fallback)
+    if not why_not:
+        return str(fallback), f"note: compile cache '{beside_runs}' {why}; using '{fallback}' instead"
+    return None, (f"note: no compile cache: '{beside_runs}' {why}, and '{fallback}' {why_not} "
+                  "(set parallel.compile_cache to a directory only you can write)")
+
+
+def _private_dir(path: Path) -> str:
+    """"" when ``path`` is (or was just made, mode 0700) a directory of this user's that no one
+    else can write, not a link; else why not, as the end of a sentence."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        return f"cannot be created ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return ""
 
 
 def probe_batch_size(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) -> bool | None:

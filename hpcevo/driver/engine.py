@@ -76,6 +76,10 @@ class Engine(Protocol):
     def microbatches(self) -> int:
         """Pieces of evaluation work per generation: no more ranks than this have work."""
 
+    def idle_ranks(self) -> tuple[int, int]:
+        """Ranks left without evaluation work each generation, and the largest
+        ``parallel.microbatch`` that would give every rank some (the driver warns)."""
+
     def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
         """Initialise from the seed and run generation 1; the state and its history row."""
 
@@ -164,6 +168,9 @@ class DeviceEngine:
     def microbatches(self) -> int:
         return self.generation.microbatches
 
+    def idle_ranks(self) -> tuple[int, int]:
+        return idle_ranks(self.ctx.size, self.microbatches, self.algorithm.num_ask)
+
     # -- jitted pieces -------------------------------------------------------------------------
     def _args(self, state) -> tuple:
         return (state.generation + 1,) if self._with_generation else ()
@@ -229,6 +236,12 @@ class DeviceEngine:
 
     def close(self) -> None:
         pass
+
+
+def idle_ranks(ranks: int, pieces: int, rows: int) -> tuple[int, int]:
+    """(ranks without work, the largest micro-batch that gives each some) for ``ranks`` sharing
+    ``pieces`` pieces of ``rows`` rows."""
+    return max(0, ranks - pieces), max(1, rows // ranks)
 
 
 def _host_history(hist: Any, n: int) -> dict[str, np.ndarray]:

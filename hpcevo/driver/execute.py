@@ -8,15 +8,16 @@ building, the run directory, the schedule, the checkpoint policy, stop control, 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import checkpoint
+from .. import checkpoint, schema
 from ..algorithms.base import Algorithm
-from ..config import RunConfig
-from ..errors import EXIT_STOPPED, CheckpointError
-from ..parallel import ParallelContext, collective_stage
+from ..config import RunConfig, parse_deadline
+from ..errors import EXIT_STOPPED, CheckpointError, UsageError
+from ..parallel import ParallelContext, collective_stage, user_code
 from ..parallel.info import oversubscription
 from ..provenance import versions
 from . import build, startup
@@ -25,26 +26,78 @@ from .engine import MAX_CHUNK
 from .loop import Loop, evaluations
 from .policy import CheckpointPolicy, Schedule, next_chunk
 from .report import Reporter
-from .resume import resume_point
+from .resume import FREE, FREE_IF_BLOCK_INVARIANT, resume_point
 from .rundir import RecordWriter, RunDir, RunPaths
 from .stopping import Decision, StopControl, StopFlag, StopSource, find_deadline
 
 
-def execute(ctx: ParallelContext, cfg: RunConfig, *, problem: Any = None, algorithm: Algorithm | None = None,
-            host: bool | None = None, overwrite: bool = False, resume: bool = False, quiet: bool = False,
-            stream: TextIO | None = None, deadline: str | None = None,
-            stop: StopSource | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run ``cfg`` on the ranks of ``ctx``; return (the summary, the per-generation history), on
-    every rank.
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a run is started, beside its config: ``hpcevo run``'s flags, ``hpcevo.run``'s keyword
+    arguments. ``overwrite`` replaces a run already in the run directory; ``resume`` continues
+    it; ``quiet``: no progress; ``deadline``: stop with a checkpoint before it; ``stop``: what is
+    polled for a stop request (default: a ``StopFlag`` on SIGTERM, SIGUSR1, SIGINT); ``stream``:
+    where rank 0 prints (default: stdout)."""
 
-    ``problem``, ``algorithm``: objects held in Python that take the place of the config's
-    (``build.py``). The summary's ``status`` is "complete", or "stopped" when a signal or the
-    deadline ended the run early after writing a checkpoint (the CLI exits 75 then). With
-    ``resume`` the run continues from the newest valid checkpoint, bitwise as if it had never
-    stopped. ``stop``: what is polled for a stop request (default: a ``StopFlag`` on SIGTERM,
-    SIGUSR1 and SIGINT).
+    overwrite: bool = False
+    resume: bool = False
+    quiet: bool = False
+    deadline: str | int | float | None = None
+    stop: StopSource | None = None
+    stream: TextIO | None = None
+
+    @classmethod
+    def checked(cls, where: str, **given: Any) -> "RunOptions":
+        """The options ``given``, each checked: UsageError names the first that is wrong."""
+        out = {}
+        for name in ("overwrite", "resume", "quiet"):
+            out[name] = schema.check(bool, given.get(name, False), name, where)
+        if out["overwrite"] and out["resume"]:
+            raise UsageError(f"{where}: overwrite and resume exclude each other: resume continues the run "
+                             "in the run directory, overwrite replaces it")
+        deadline = schema.plain(given.get("deadline"))
+        if deadline is not None:
+            if isinstance(deadline, bool) or not isinstance(deadline, (str, int, float)):
+                raise UsageError(f"{where}: 'deadline' must be seconds, a duration or a time (\"90m\", "
+                                 f"\"01:30:00\"), got {type(deadline).__name__}")
+            try:
+                parse_deadline(deadline, time.time())
+            except ValueError as e:
+                raise UsageError(f"{where}: 'deadline': {e}") from None
+        stop, stream = given.get("stop"), given.get("stream")
+        if stop is not None and not all(hasattr(stop, m) for m in ("signum", "__enter__", "__exit__")):
+            raise UsageError(f"{where}: 'stop' must be a StopSource (a signum attribute, usable in a with "
+                             f"statement; e.g. hpcevo.StopFlag()), got {type(stop).__name__}")
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise UsageError(f"{where}: 'stream' must be a text stream (with write), got {type(stream).__name__}")
+        return cls(**out, deadline=deadline, stop=stop, stream=stream)
+
+    def shared(self) -> dict[str, Any]:
+        """What every rank must be given alike (the rest is each rank's own)."""
+        return {"overwrite": self.overwrite, "resume": self.resume, "deadline": self.deadline}
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Objects handed over from Python in place of the config's ``[problem]`` name (``problem``; a
+    NumPy function with ``host=True``) and ``[algorithm]`` section (``algorithm``)."""
+
+    problem: Any = None
+    algorithm: Algorithm | None = None
+    host: bool | None = None
+
+
+def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(),
+            options: RunOptions = RunOptions()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``cfg`` on the ranks of ``ctx``; return (the summary, the per-generation history), on
+    every rank, once summary.json is written.
+
+    ``held``: objects held in Python that take the place of the config's (``build.py``). The
+    summary's ``status`` is "complete", or "stopped" when a signal or the deadline ended the run
+    early after writing a checkpoint (the CLI exits 75 then). With ``options.resume`` the run
+    continues from the newest valid checkpoint, bitwise as if it had never stopped.
     """
-    run = Run.start(ctx, cfg, problem, algorithm, host, overwrite, resume, quiet, stream, deadline, stop)
+    run = Run.start(ctx, cfg, held, options)
     G = cfg.run.generations
     with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
         gen, chunk = run.first_generation(), MAX_CHUNK
@@ -65,6 +118,10 @@ def execute(ctx: ParallelContext, cfg: RunConfig, *, problem: Any = None, algori
     return run.finish(outcome, decision if stopping else None), run.loop.history
 
 
+# Islands hosted by one rank from which start-up warns of the compile time they cost.
+ISLANDS_COMPILE_WARNING = 16
+
+
 class Run:
     """The pieces of one run, and the bookkeeping between boundaries (see ``execute``)."""
 
@@ -82,19 +139,19 @@ class Run:
         self.gen_prev = 0
 
     @classmethod
-    def start(cls, ctx, cfg, problem, algorithm, host, overwrite, resume, quiet, stream, deadline, stop) -> "Run":
+    def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
         """Build, prepare the run directory, find the checkpoint to resume from, compile."""
         build.prepare_jax(cfg)
-        parts = Built.of(ctx, cfg, problem, algorithm, host)
-        stop_control = StopControl(ctx, stop if stop is not None else StopFlag(),
-                                   find_deadline(ctx, deadline, cfg.checkpoint.deadline,
+        parts = Built.of(ctx, cfg, held)
+        stop_control = StopControl(ctx, options.stop if options.stop is not None else StopFlag(),
+                                   find_deadline(ctx, options.deadline, cfg.checkpoint.deadline,
                                                  cfg.checkpoint.margin_seconds, time.time()),
                                    cfg.checkpoint.every_seconds)
         rundir = RunDir(ctx, RunPaths.of(cfg.out_dir, cfg.checkpoint_dir))
-        rundir.prepare(overwrite, resume)
-        report = Reporter(not quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, stream)
+        rundir.prepare(options.overwrite, options.resume)
+        report = Reporter(not options.quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, options.stream)
         run = cls(ctx, cfg, _loop_of(ctx, cfg, parts), parts, rundir, report, stop_control)
-        if resume:
+        if options.resume:
             run.resume()
         rundir.start(parts.config_text, run.resumed_at)
         run.announce()
@@ -102,8 +159,9 @@ class Run:
         return run
 
     def resume(self) -> None:
+        free = FREE + (FREE_IF_BLOCK_INVARIANT if getattr(self.parts.problem, "block_invariant", False) else ())
         loaded = resume_point(self.ctx, self.rundir.paths.checkpoints, self.parts.resolved,
-                              self.cfg.run.generations, self.loop, self.report)
+                              self.cfg.run.generations, self.loop, self.report, free)
         if loaded is not None:
             self.resumed_at = self.policy.last = loaded.header.generation
             self.last_checkpoint = loaded.header.path
@@ -123,12 +181,19 @@ class Run:
         crowded = oversubscription(ctx)
         if crowded:
             line(f"note: {crowded}")
-        pieces = loop.engine.microbatches
-        if ctx.size > pieces:
-            line(f"warning: {ctx.size} ranks but only {pieces} micro-batches per generation: "
-                 f"{ctx.size - pieces} rank(s) have nothing to evaluate. Set parallel.microbatch "
-                 f"<= {max(1, loop.algorithm.num_ask // ctx.size)} to give every rank work (it changes the run's "
-                 "last bits, but the same setting gives the same result at any rank count)", err=True)
+        if self.parts.cache_note:
+            line(self.parts.cache_note)
+        hosted = loop.engine.layout.per_rank if self.parts.islands else 1
+        if hosted >= ISLANDS_COMPILE_WARNING:
+            line(f"warning: {hosted} islands on a rank: they compile into one program, and compiling grows with "
+                 f"them (about a second per island on a 2-core machine; 64 took 99 s there). More ranks, up to "
+                 f"one per island ({cfg.islands.count}), share them out", err=True)
+        idle, fair = loop.engine.idle_ranks()
+        if idle:
+            line(f"warning: {idle} of {ctx.size} ranks have nothing to evaluate: there are fewer micro-batches "
+                 f"per generation than ranks{' in an island' if self.parts.islands else ''}. Set "
+                 f"parallel.microbatch <= {fair} to give every rank work (it changes the run's last bits, but the "
+                 "same setting gives the same result at any rank count)", err=True)
         if self.parts.exact is False:
             line(f"warning: evaluation.batch_size = {cfg.evaluation.batch_size}: problem {self.parts.problem.name} "
                  "gives other last bits in pieces than in whole micro-batches (its values depend on the "
@@ -148,7 +213,7 @@ class Run:
         if self.resumed_at is None:
             self.loop.init(self.cfg.run.seed)
             startup.mark("first_generation")
-            self.rundir.append_failures(self.loop.failures)
+            self._record_failures(0)
         else:
             self.loop.check_replicas()
         self.gen_prev = self.loop.generation
@@ -161,22 +226,28 @@ class Run:
         self.loop.advance(n)
         seconds = time.perf_counter() - t
         startup.mark("first_generation")  # (a resumed run's first)
-        self.rundir.append_failures(self.loop.failures[before:])
+        self._record_failures(before)
         self.stop.deadline.note_chunk(seconds)
         return seconds
 
+    def _record_failures(self, since: int) -> None:
+        if getattr(self.loop.problem, "host", False):  # (only host evaluations fail; the same on every rank)
+            self.rundir.append_failures(self.loop.failures[since:])
+
     def log(self, gen: int, metrics: RecordWriter) -> None:
-        """A log boundary: replicas checked, a metrics record, a progress line."""
+        """A log boundary: replicas checked, a metrics record, a progress line. Rank 0 writes and
+        prints; its failure (a full disk) is every rank's, reported at once."""
         self.loop.check_replicas()
         now, evals, counts = time.perf_counter(), self.loop.evaluations, self.loop.counters()
         rec = {"generation": gen, "evaluations": evals, **self.loop.boundary(), "wall_s": now - self.t_start,
                "evals_per_s": (evals - evaluations(self.loop.algorithm, self.gen_prev)) / max(now - self.t_prev, 1e-12),
                **counts}
         self.t_prev, self.gen_prev = now, gen
-        metrics.write(rec)
-        self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
-        for text in self.loop.detail_lines(rec):
-            self.report.line(text, progress=True)
+        with collective_stage(self.ctx, convert=self.rundir.unwritable):
+            metrics.write(rec)
+            self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
+            for text in self.loop.detail_lines(rec):
+                self.report.line(text, progress=True)
 
     def write_checkpoint(self, gen: int) -> None:
         t = time.perf_counter()
@@ -246,25 +317,27 @@ class Built:
     failure, such as a problem file missing on one node, is every rank's). ``islands``: every
     island's algorithm and name, with [islands]."""
 
-    def __init__(self, problem, algorithm, resolved: dict[str, Any], exact: bool | None, compile_cache: str | None,
-                 islands: tuple[list[Algorithm], list[str]] | None = None):
+    def __init__(self, problem, algorithm, resolved: dict[str, Any], exact: bool | None,
+                 compile_cache: tuple[str | None, str], islands: tuple[list[Algorithm], list[str]] | None = None):
         self.problem, self.algorithm, self.resolved, self.exact = problem, algorithm, resolved, exact
         self.config_text = build.dump(resolved)
         self.islands = islands
         names = islands[1] if islands else [resolved["algorithm"]["name"]]
         self.algorithm_name = "+".join(dict.fromkeys(names))
-        self.compile_cache = compile_cache
+        self.compile_cache, self.cache_note = compile_cache
 
     @classmethod
-    def of(cls, ctx: ParallelContext, cfg: RunConfig, held_problem, held_algorithm, host) -> "Built":
-        cache = build.enable_compile_cache(cfg)
-        problem = algorithm = islands = None
-        with collective_stage(ctx):
-            problem = build.build_problem(cfg, held_problem, host=host, held_algorithm=held_algorithm)
-            algorithm = build.build_algorithm(cfg, problem, held_algorithm)
+    def of(cls, ctx: ParallelContext, cfg: RunConfig, held: Held) -> "Built":
+        problem = algorithm = islands = cache = None
+        # Building imports and traces the user's code (a problem by import path, a function held
+        # in Python), which may fail, or end its process, on some ranks only.
+        with collective_stage(ctx), user_code(ctx, f"problem '{cfg.problem.name or 'problem='}'"):
+            cache = build.enable_compile_cache(cfg)
+            problem = build.build_problem(cfg, held.problem, host=held.host, held_algorithm=held.algorithm)
+            algorithm = build.build_algorithm(cfg, problem, held.algorithm)
             if cfg.islands is not None:
                 islands = build.build_islands(cfg, problem, algorithm)
-        resolved = build.resolved(cfg, problem, algorithm, held_problem is not None, held_algorithm is not None)
+        resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)
         return cls(problem, algorithm, resolved, build.probe_batch_size(cfg, problem, algorithm), cache, islands)
 
 

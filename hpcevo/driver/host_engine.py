@@ -32,9 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..algorithms.base import Algorithm
-from ..parallel import ParallelContext, TaskRunner, allgather_rows, gather_to_root, microbatch_rows
+from ..errors import UserCodeExit, user_location
+from ..parallel import (ParallelContext, TaskRunner, allgather_obj, allgather_rows, gather_to_root, microbatch_rows,
+                        user_code)
 from ..problems.base import HostProblem
-from .engine import MAX_CHUNK, fingerprint
+from .engine import MAX_CHUNK, fingerprint, idle_ranks
 from .recording import LoopState, SingleObjective
 
 # A LoopState's fields (whatever they are), then ``failures``: int32 (), the evaluations that
@@ -111,32 +113,54 @@ class HostEngine:
         n = self.algorithm.num_ask
         return -(-n // self.rows_per_task(n))
 
+    def idle_ranks(self) -> tuple[int, int]:
+        return idle_ranks(self.ctx.size, self.microbatches, self.algorithm.num_ask)
+
     def evaluate(self, candidates, generation: int) -> tuple[np.ndarray, int]:
         """The fitness of ``candidates`` (replicated, the algorithm's dtype; failed evaluations
-        get the penalty) and how many failed. Collective."""
+        get the penalty) and how many failed. Collective.
+
+        The problem's code runs under ``parallel.user_code``: a ``sys.exit`` in it does not end
+        this rank alone (the others would wait for its values forever) but travels with the
+        values as a flag, so every rank raises ``UserCodeExit`` naming the rank; an ``os._exit``
+        ends the whole job with one message."""
         x = np.asarray(jax.device_get(candidates), np.float64)
         n = x.shape[0]
         rows = self.rows_per_task(n)
 
         def task(t: int):
             lo = t * rows  # a copy: a function that writes into its input cannot touch the batch
-            return lo, *self.problem.evaluate_rows(x[lo : lo + rows].copy(), lo, generation)
+            try:
+                return lo, *self.problem.evaluate_rows(x[lo : lo + rows].copy(), lo, generation), None
+            except SystemExit as e:
+                where = user_location(e)
+                return lo, np.full(min(rows, n - lo), np.nan), [], (
+                    f"called sys.exit({e.code!r}) on rank {self.ctx.rank}{f' ({where})' if where else ''}")
 
         try:
-            done = self._runner.map(-(-n // rows), task)
+            with user_code(self.ctx, f"problem '{self.problem.name}'"):
+                done = self._runner.map(-(-n // rows), task)
         except BaseException:
             self.problem.cancel()  # leave no simulator running behind an error or a Ctrl-C
             raise
-        index, values, reasons = [], [], []
-        for lo, vals, fails in done.values():
+        index, values, reasons, exits = [], [], [], []
+        for lo, vals, fails, exited in done.values():
             flags = np.zeros(len(vals))
             for row, why in fails:
                 flags[row] = 1.0
                 reasons.append((lo + row, why))
             index.append(np.arange(lo, lo + len(vals)))
-            values.append(np.column_stack([vals, flags]))
+            values.append(np.column_stack([vals, flags, np.full(len(vals), float(exited is not None))]))
+            if exited is not None:
+                exits.append(exited)
         gathered = allgather_rows(self.ctx, n, np.concatenate(index or [np.zeros(0, np.int64)]),
-                                  np.concatenate(values or [np.zeros((0, 2))]))
+                                  np.concatenate(values or [np.zeros((0, 3))]))
+        if gathered[:, 2].any():  # every rank sees it, so every rank takes part in this gather
+            self.problem.cancel()
+            said = [e for part in allgather_obj(self.ctx, exits) for e in part]
+            raise UserCodeExit(f"problem '{self.problem.name}' {said[0]} while evaluating generation {generation}: "
+                               "a problem must return its values or raise an exception (counted as a failed "
+                               "evaluation), not end the process")
         bad = gathered[:, 1] != 0
         count = int(bad.sum())
         if count:  # every rank knows the count, so all of them take part in this gather, or none

@@ -34,7 +34,7 @@ from ..algorithms import migration as mig
 from ..algorithms.base import Algorithm
 from ..parallel import ParallelContext
 from ..parallel.islands import IslandLayout, gather_islands, island_context
-from .engine import MAX_CHUNK, DeviceEngine, fingerprint
+from .engine import MAX_CHUNK, DeviceEngine, fingerprint, idle_ranks
 from .recording import SingleObjective
 
 
@@ -70,6 +70,15 @@ class IslandsEngine:
     @property
     def microbatches(self) -> int:
         return min(e.microbatches for e in self.engines)
+
+    def idle_ranks(self) -> tuple[int, int]:
+        """Over the islands: each island's evaluation is shared by its group of ranks alone (a
+        rank hosting several islands evaluates each of them whole)."""
+        idle, fair = 0, []
+        for i, e in enumerate(self.engines):
+            n, f = idle_ranks(len(self.layout.ranks_of(i)), e.microbatches, e.algorithm.num_ask)
+            idle, fair = idle + n, fair + [f]
+        return idle, min(fair)
 
     @property
     def migrates(self) -> bool:

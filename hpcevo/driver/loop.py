@@ -20,19 +20,21 @@ valid after it (``jax.device_get`` it first to keep it).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
 
 from .. import checkpoint
 from ..algorithms.base import Algorithm
-from ..errors import UsageError
-from ..parallel import ParallelContext, check_replicas
+from ..errors import ConfigError, UsageError, user_location
+from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
+from . import arguments
 from .engine import MAX_CHUNK, DeviceEngine, Engine, state_digest
 from .host_engine import HostEngine
 from .recording import recorder_for
@@ -77,34 +79,40 @@ class Loop:
     def __init__(self, algorithm: Algorithm, problem: Any, ctx: ParallelContext | None = None, *,
                  host: bool = False, microbatch: int | None = None, batch_size: int | None = None,
                  recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf):
-        if ctx is None:
-            from ..parallel import init
-
-            ctx = init()
-        if host or not isinstance(problem, (Problem, HostProblem)):
-            try:
-                problem = as_problem(problem, host=host, dtype=algorithm.dtype,
-                                     fallback=(algorithm.dim, algorithm.lb, algorithm.ub))
-            except ValueError as e:
-                raise UsageError(str(e)) from None
+        ctx = context(ctx, "Loop")
+        opts: dict[str, Any] = {}
+        # Every argument is checked on every rank, and the ranks agree before the engine (which
+        # may duplicate a communicator) is built: one rank's bad or different input is every
+        # rank's error. Converting a function traces the user's code: it may end its process.
+        with collective_stage(ctx), user_code(ctx, "the problem"):
+            opts = arguments.options("Loop", microbatch=microbatch, batch_size=batch_size, concurrency=concurrency,
+                                     schedule=schedule, penalty=penalty, host=host)
+            algorithm = arguments.checked_algorithm(algorithm, "Loop")
+            problem = as_loop_problem(problem, algorithm, opts.pop("host"))
+        agree_same(ctx, arguments.describe([algorithm], problem, **opts), "Loop's algorithm, problem or options",
+                   arguments.differ)
         self.ctx, self.algorithm, self.problem = ctx, algorithm, problem
         self.engine: Engine
+        mb, bs = opts["microbatch"], opts["batch_size"]
         if problem.host:
-            self.engine = HostEngine(algorithm, problem, ctx, microbatch=microbatch, batch_size=batch_size,
-                                     concurrency=concurrency, schedule=schedule, penalty=penalty)
+            self.engine = HostEngine(algorithm, problem, ctx, microbatch=mb, batch_size=bs,
+                                     concurrency=opts["concurrency"], schedule=opts["schedule"], penalty=opts["penalty"])
         else:
-            self.engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=microbatch,
-                                       batch_size=batch_size, with_generation=problem.wants_generation,
+            self.engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=mb, batch_size=bs,
+                                       with_generation=problem.wants_generation,
                                        recorder=recorder if recorder is not None else recorder_for(problem))
         self.seed: int | None = None
         self.state: Any = None
         self.generation = 0  # generations completed (1: the initial population evaluated)
         self._history = HistoryBuffer()
+        self._compiled: set[bool] = set()  # which programs are compiled: True (generation 1), False (later)
         self.failures: list[dict] = []  # failed host evaluations so far (rank 0)
 
-    # -- running -----------------------------------------------------------------------------------
+    # -- running ---------------------------------------------------------------------------------
     def init(self, seed: int) -> "Loop":
         """Start from ``seed`` and evaluate the initial population (generation 1)."""
+        seed = arguments.seed(self.ctx, seed, "Loop.init")
+        self.compile(seed, first=True)
         self.state, part = self.engine.start(seed)
         self.seed, self.generation = seed, 1
         self._history = HistoryBuffer()
@@ -113,10 +121,13 @@ class Loop:
 
     def advance(self, generations: int = 1) -> "Loop":
         """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations."""
+        n = arguments.generations(self.ctx, generations, self.generation, "Loop.advance")
         self._require_state()
-        for n in chunks(generations):
-            self.state, part = self.engine.advance(self.state, n)
-            self.generation += n
+        if n:
+            self.compile(self.seed or 0, first=False)
+        for k in chunks(n):
+            self.state, part = self.engine.advance(self.state, k)
+            self.generation += k
             self._took(part)
         return self
 
@@ -125,9 +136,20 @@ class Loop:
         self.failures += self.engine.take_failures()
 
     def compile(self, seed: int = 0, first: bool = True) -> "Loop":
-        """Compile ahead of time, so that timing the first dispatch does not time compilation."""
-        self.engine.compile(seed, first=first)
+        """Compile ahead of time, so that timing the first dispatch does not time compilation.
+        (``init`` and ``advance`` compile what they need on their first call.) Compiling traces
+        the problem: an error on any rank is every rank's."""
+        want = {True, False} if first else {False}
+        if want <= self._compiled:
+            return self
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            self._compile_programs(seed, first)
+        self._compiled |= want
         return self
+
+    def _compile_programs(self, seed: int, first: bool) -> None:
+        """The compilation itself: no communication (tests stagger it between ranks)."""
+        self.engine.compile(seed, first=first)
 
     def close(self) -> None:
         """Free what the engine holds (host problems: threads, simulator processes). Collective."""
@@ -213,14 +235,17 @@ class Loop:
     # -- checkpoints (collective) ----------------------------------------------------------------
     def snapshot(self, config_text: str = "") -> checkpoint.Snapshot:
         """What a checkpoint of this loop holds (``config_text``: the run's resolved config)."""
-        return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text,
-                                   self._require_state(), self.history, self.algorithm.num_init,
-                                   self.algorithm.num_ask)
+        state = self._require_state()
+        return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text, state,
+                                   self.history, self.algorithm.num_init, self.algorithm.num_ask)
 
     def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
         """Write a checkpoint into ``directory`` (``gen-NNNNNNNNN.h5``; the newest ``keep`` are
         kept). Every rank writes its share; any rank's failure is CheckpointError everywhere."""
-        return checkpoint.write(self.ctx, Path(directory), self.snapshot(config_text), keep=keep)
+        directory = arguments.path(self.ctx, directory, "Loop.save", "directory")
+        keep = arguments.keep(self.ctx, keep, "Loop.save")
+        agreed(self.ctx, "Loop.save", self._require_state, lambda _: "")
+        return checkpoint.write(self.ctx, directory, self.snapshot(str(config_text)), keep=keep)
 
     def template(self) -> Any:
         """Shapes and dtypes of the state (what a checkpoint of this loop must hold)."""
@@ -230,7 +255,10 @@ class Loop:
         """Continue from a checkpoint file (written at any rank count): the state, history and
         generation it holds. CheckpointDamaged for a file that cannot be trusted; UsageError for
         one written by another algorithm or problem."""
-        return self.restore(checkpoint.load(self.ctx, Path(path), self.template()))
+        path = arguments.path(self.ctx, path, "Loop.load", "path", file=True)
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            template = self.template()
+        return self.restore(checkpoint.load(self.ctx, path, template))
 
     def restore(self, loaded: checkpoint.Loaded) -> "Loop":
         fields = sorted(self.engine.recorder.history_type._fields)
@@ -242,6 +270,42 @@ class Loop:
         self._history = HistoryBuffer()
         self._history.append(loaded.history)
         return self
+
+
+def context(ctx: Any, where: str) -> ParallelContext:
+    if ctx is None:
+        from ..parallel import init
+
+        return init()
+    if not isinstance(ctx, ParallelContext):
+        raise UsageError(f"{where}: 'ctx' must be a ParallelContext (hpcevo.parallel.init()), got {type(ctx).__name__}")
+    return ctx
+
+
+def as_loop_problem(problem: Any, algorithm: Algorithm, host: bool) -> Problem | HostProblem:
+    if host or not isinstance(problem, (Problem, HostProblem)):
+        try:
+            return as_problem(problem, host=host, dtype=algorithm.dtype,
+                              fallback=(algorithm.dim, algorithm.lb, algorithm.ub))
+        except ValueError as e:
+            raise ConfigError(str(e), "problem") from None
+    return problem
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """An exception raised by the user's code while it is traced becomes bad input (UsageError,
+    naming the user's line) on the rank that saw it, before the ranks agree on it; one raised
+    inside hpcevo or JAX stays what it is (a bug)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - converted or raised again as it is
+        where = user_location(e)
+        if isinstance(e, UsageError) or where is None:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"the problem raised {type(e).__name__}{': ' + first if first else ''} ({where}) "
+                         "while its step was compiled") from None
 
 
 def chunks(generations: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Resuming: which checkpoint a run continues from, and which changes of config forbid it.
 
 A resumed run gives bitwise the same result as one that never stopped, at any rank count, as
-long as nothing that changes the computation differs (``RESUME_LOCKED``).
+long as nothing that changes the computation differs: every key of the resolved config but
+those ``FREE`` to change is compared.
 """
 
 from __future__ import annotations
@@ -16,36 +17,56 @@ from ..parallel import ParallelContext, bcast_from_root
 from .loop import Loop
 from .report import Reporter
 
-# What a resumed run may not change: anything that changes the computation itself. The rest
-# (run.generations, names and paths, logging, checkpoint settings, device and threads) may change.
-RESUME_LOCKED = ("algorithm", "problem", "run.seed", "run.dtype", "parallel.microbatch", "evaluation.penalty")
-ALLOWED = ("run.generations, run.name, run.out, log.*, checkpoint.*, parallel.device, "
-           "parallel.threads_per_rank")
+# What a resumed run may change: the keys that never change a bit of the computation (how long
+# it runs, where it writes, how it logs and checkpoints, how it is bound to its hardware, how
+# host evaluations are scheduled: tested bitwise). Everything else in the resolved config is
+# locked, so a key added to the schema is locked until it is shown to be harmless here.
+FREE = ("run.generations", "run.name", "run.out", "log.*", "checkpoint.*", "parallel.device",
+        "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus", "evaluation.concurrency",
+        "evaluation.schedule")
+# Free only where it is known to change nothing: pieces of a micro-batch give the same bits as the
+# whole for problems that are block invariant (hpcevo's own functions).
+FREE_IF_BLOCK_INVARIANT = ("evaluation.batch_size",)
 
 
-def resume_conflicts(stored_text: str, new: dict[str, Any]) -> list[str]:
+def is_free(key: str, free: tuple[str, ...] = FREE) -> bool:
+    return any(key == f or (f.endswith(".*") and key.startswith(f[:-1])) for f in free)
+
+
+def resume_conflicts(stored_text: str, new: dict[str, Any], free: tuple[str, ...] = FREE) -> list[str]:
     """Differences between a checkpoint's resolved config and this run's (``new``, resolved)
-    that forbid resuming it, one line each, naming the key and both values."""
+    that forbid resuming it, one line each, naming the key and both values: every key whose
+    value differs, but for those ``free`` to change."""
     try:
         old = tomllib.loads(stored_text)
     except tomllib.TOMLDecodeError as e:
         return [f"the checkpoint's config cannot be read ({e})"]
+    a, b = _flat(old), _flat(new)
     missing = object()
     out = []
-    for locked in RESUME_LOCKED:
-        section, _, key = locked.partition(".")
-        a, b = old.get(section, {}), new.get(section, {})
-        keys = [key] if key else sorted(set(a) | set(b))
-        for k in keys:
-            va, vb = a.get(k, missing), b.get(k, missing)
-            if va != vb:
-                show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
-                out.append(f"{section}.{k}: checkpoint has {show(va)}, this run has {show(vb)}")
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, missing), b.get(key, missing)
+        if va != vb and not is_free(key, free):
+            show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
+            out.append(f"{key}: checkpoint has {show(va)}, this run has {show(vb)}")
+    return out
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Tables as dotted keys (``problem.args.scale``); other values, lists of tables included,
+    as they are."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
     return out
 
 
 def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], generations: int, loop: Loop,
-                 report: Reporter) -> checkpoint.Loaded | None:
+                 report: Reporter, free: tuple[str, ...] = FREE) -> checkpoint.Loaded | None:
     """The newest checkpoint in ``ckdir`` that validates and fits this run, loaded into
     ``loop``; None if there is none. Collective.
 
@@ -60,7 +81,7 @@ def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], ge
     damaged = []
     for p in map(Path, paths):
         try:
-            loaded = _load_fitting(ctx, p, resolved, generations, loop)
+            loaded = _load_fitting(ctx, p, resolved, generations, loop, free)
         except checkpoint.CheckpointDamaged as e:
             damaged.append(f"{p.name}: {e}")
             report.line(f"warning: checkpoint '{p}' is damaged ({e}); trying the one before it", err=True)
@@ -73,13 +94,13 @@ def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], ge
 
 
 def _load_fitting(ctx: ParallelContext, path: Path, resolved: dict[str, Any], generations: int,
-                  loop: Loop) -> checkpoint.Loaded:
+                  loop: Loop, free: tuple[str, ...]) -> checkpoint.Loaded:
     header = checkpoint.read_header(ctx, path)
-    conflicts = resume_conflicts(header.config_text, resolved)
+    conflicts = resume_conflicts(header.config_text, resolved, free)
     if conflicts:
         raise UsageError(f"cannot resume from '{path}': settings that change the computation differ from "
-                         "the checkpoint's:\n  " + "\n  ".join(conflicts) + f"\n  allowed to change on resume: "
-                         f"{ALLOWED}; or pass --overwrite to start a new run")
+                         "the checkpoint's:\n  " + "\n  ".join(conflicts) + "\n  allowed to change on resume: "
+                         f"{', '.join(free)}; or start a new run (overwrite, or another run.name)")
     if header.generation > generations:
         raise UsageError(f"cannot resume from '{path}': it is at generation {header.generation}, past "
                          f"run.generations = {generations}; raise run.generations to continue it")

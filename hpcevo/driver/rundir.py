@@ -13,11 +13,13 @@ the module functions read them on one process (``hpcevo inspect``, ``plot``, ``h
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import secrets
 import tomllib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 from .. import checkpoint
 from ..errors import UsageError
@@ -67,10 +69,31 @@ class RunPaths:
 
 
 class RunDir:
-    """A run directory being written by the ranks of ``ctx`` (rank 0 writes)."""
+    """A run directory being written by the ranks of ``ctx`` (rank 0 writes).
+
+    Nothing outside the run is written or deleted: every file is written without following a
+    symbolic link (a new file under a temporary name, renamed over the old entry; appends open
+    with O_NOFOLLOW), and ``--overwrite`` deletes only this run's own files: the four files
+    above, and checkpoints in a checkpoint directory that belongs to this run (inside the run
+    directory, or marked as this run's by ``OWNER``). Every method is collective: rank 0's
+    failure (a full disk) is every rank's error.
+    """
 
     def __init__(self, ctx: ParallelContext, paths: RunPaths):
         self.ctx, self.paths = ctx, paths
+
+    def unwritable(self, error: BaseException) -> BaseException:
+        """An OSError while writing the run directory, as the UsageError that reports it."""
+        if isinstance(error, OSError):
+            where = error.filename or self.paths.root
+            why = "it is a symbolic link" if error.errno == errno.ELOOP else error.strerror
+            return UsageError(f"run directory '{self.paths.root}': '{where}' cannot be written: {why}")
+        return error
+
+    def _root_writes(self, fn: Callable[[], None]) -> None:
+        with collective_stage(self.ctx, convert=self.unwritable):
+            if self.ctx.is_root:
+                fn()
 
     def prepare(self, overwrite: bool, resume: bool) -> None:
         """Check and create the directories. Collective.
@@ -78,19 +101,11 @@ class RunDir:
         An existing run is continued only with ``resume``, replaced only with ``overwrite``: never
         silently. Both directories are probed for writing now, not an hour into the run.
         """
-        def unwritable(error: BaseException) -> BaseException:
-            if isinstance(error, OSError):
-                where = error.filename or self.paths.root
-                return UsageError(f"run directory '{where}' cannot be written: {error.strerror}")
-            return error
-
-        with collective_stage(self.ctx, convert=unwritable):
-            if self.ctx.is_root:
-                self._prepare(overwrite, resume)
+        self._root_writes(lambda: self._prepare(overwrite, resume))
 
     def _prepare(self, overwrite: bool, resume: bool) -> None:
         out, ckdir = self.paths.root, self.paths.checkpoints
-        existing = [f for f in RUN_FILES if (out / f).exists()]
+        existing = [f for f in RUN_FILES if os.path.lexists(out / f)]
         checkpoints = checkpoint.list_checkpoints(ckdir)
         if checkpoints:
             existing.append(f"{len(checkpoints)} checkpoint(s) in {ckdir}")
@@ -98,48 +113,128 @@ class RunDir:
             raise UsageError(
                 f"run directory '{out}' already holds a run ({', '.join(existing)}); pass --resume "
                 "to continue it, --overwrite to replace it, or choose another with --set run.out=DIR")
+        self._check_owner(checkpoints, overwrite)
         if existing and overwrite:
             for f in RUN_FILES:
-                (out / f).unlink(missing_ok=True)
+                (out / f).unlink(missing_ok=True)  # a link is removed, never what it points to
             for path in checkpoints:
                 path.unlink()
+        links = [f for f in RUN_FILES if (out / f).is_symlink()]
+        if links:
+            raise UsageError(f"run directory '{out}': {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'} "
+                             f"(to {os.readlink(out / links[0])}): hpcevo writes no file of a run through a link; "
+                             "remove it, or pass --overwrite (which removes the link, not what it points to)")
         for d in (out, ckdir):
             d.mkdir(parents=True, exist_ok=True)
             probe = d / f".write-test-{os.getpid()}"
-            probe.write_text("")
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
             probe.unlink()
+        if not _inside(ckdir, out):
+            write_new(ckdir / OWNER, json.dumps({"run_dir": str(out.resolve())}) + "\n")
         checkpoint.remove_partials(ckdir)
+
+    def _check_owner(self, checkpoints: list[Path], overwrite: bool) -> None:
+        """The checkpoint directory must be this run's: resuming from, or overwriting, another
+        run's checkpoints would continue or destroy that run. (Checkpoints no run claims, from
+        before runs marked their directories, may be resumed, which claims them, but are never
+        deleted.)"""
+        out, ckdir = self.paths.root, self.paths.checkpoints
+        owner = checkpoint_owner(ckdir)
+        if owner is not None and owner.exists() and not _same(owner, out):
+            raise UsageError(f"checkpoint directory '{ckdir}' belongs to the run in '{owner}', not to this run "
+                             f"('{out}'): hpcevo neither continues nor deletes another run's checkpoints; set "
+                             "checkpoint.dir to a directory of this run's")
+        if overwrite and owner is None and checkpoints and not _inside(ckdir, out):
+            raise UsageError(f"checkpoint directory '{ckdir}' (outside the run directory '{out}') holds "
+                             f"{len(checkpoints)} checkpoint(s) that no run claims (no {OWNER} file): --overwrite "
+                             "deletes only checkpoints it can tell are this run's; move them away, or set "
+                             "checkpoint.dir to another directory")
 
     def start(self, config_text: str, resumed_at: int | None) -> None:
         """Write the resolved config; a resumed run keeps the records up to its checkpoint (it
         writes the rest again) and no run keeps failures of generations still to come."""
-        if not self.ctx.is_root:
-            return
-        self.paths.config.write_text(config_text)
-        if resumed_at is not None:
-            truncate_records(self.paths.metrics, resumed_at)
-        truncate_records(self.paths.failures, resumed_at or 0)
+        def write() -> None:
+            write_new(self.paths.config, config_text)
+            if resumed_at is not None:
+                truncate_records(self.paths.metrics, resumed_at)
+            truncate_records(self.paths.failures, resumed_at or 0)
+
+        self._root_writes(write)
 
     def metrics_writer(self, append: bool) -> "RecordWriter":
         return RecordWriter(self.paths.metrics if self.ctx.is_root else None, append)
 
     def append_failures(self, records: list[dict]) -> None:
-        if self.ctx.is_root and records:
-            with open(self.paths.failures, "a") as fh:
-                fh.writelines(json.dumps(r) + "\n" for r in records)
+        """Collective (rank 0 alone holds the records)."""
+        def write() -> None:
+            if records:
+                with _open_append(self.paths.failures) as fh:
+                    fh.writelines(json.dumps(r) + "\n" for r in records)
+
+        self._root_writes(write)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        if self.ctx.is_root:
-            tmp = self.paths.summary.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            os.replace(tmp, self.paths.summary)
+        """Collective: every rank returns once summary.json is in place (a script that reads it
+        right after ``hpcevo.run`` finds it on any rank)."""
+        self._root_writes(lambda: write_new(self.paths.summary, json.dumps(summary, indent=2) + "\n"))
+
+
+# A checkpoint directory outside its run directory names its run here (JSON: {"run_dir": ...}).
+OWNER = ".hpcevo-run"
+
+
+def checkpoint_owner(ckdir: Path) -> Path | None:
+    """The run directory a checkpoint directory belongs to, as far as can be told: its ``OWNER``
+    file, else (a run's default layout) the parent of a ``checkpoints`` directory holding a
+    config.toml; None when unknown."""
+    try:
+        with open(ckdir / OWNER, "rb") as f:
+            return Path(json.loads(f.read(4096))["run_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if ckdir.name == "checkpoints" and (ckdir / ".." / CONFIG).is_file():
+        return ckdir.parent if not ckdir.is_symlink() else ckdir.resolve().parent
+    return None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """``path`` (links resolved) is ``root`` or inside it."""
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def write_new(path: Path, text: str) -> None:
+    """Write ``path`` whole and atomically, never through a link: a new file (created
+    exclusively, so no link planted under its temporary name is followed) renamed over
+    whatever entry ``path`` was (a link is replaced, not followed)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _open_append(path: Path, truncate: bool = False) -> TextIO:
+    """``path`` opened for appending (or rewriting), refusing a symbolic link (OSError ELOOP)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if truncate else os.O_APPEND)
+    return os.fdopen(os.open(path, flags, 0o644), "w")
 
 
 class RecordWriter:
     """JSON lines appended and flushed one at a time (a no-op on ranks other than 0)."""
 
     def __init__(self, path: Path | None, append: bool):
-        self._file = open(path, "a" if append else "w") if path is not None else None
+        self._file = _open_append(path, truncate=not append) if path is not None else None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
@@ -161,10 +256,7 @@ def truncate_records(path: Path, generation: int) -> None:
     """Keep the records up to ``generation`` (and stop at a torn last line from a killed run)."""
     if not path.exists():
         return
-    keep = [line + "\n" for line, r in _lines(path) if r["generation"] <= generation]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    write_new(path, "".join(line + "\n" for line, r in _lines(path) if r["generation"] <= generation))
 
 
 # -- readers (one process, no MPI) ---------------------------------------------------------------
@@ -194,15 +286,23 @@ def read_config(paths: RunPaths) -> dict[str, Any] | None:
         return tomllib.loads(paths.config.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"'{paths.config}' is not a readable config: {e}") from None
+    except OSError as e:
+        raise UsageError(f"'{paths.config}' cannot be read: {e.strerror}") from None
 
 
 def read_summary(paths: RunPaths) -> dict[str, Any] | None:
+    """summary.json as a dict, or None when the run has not completed."""
     if not paths.summary.is_file():
         return None
     try:
-        return json.loads(paths.summary.read_text())
-    except ValueError as e:
+        data = json.loads(paths.summary.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(f"'{paths.summary}' is not readable JSON: {e}") from None
+    except OSError as e:
+        raise UsageError(f"'{paths.summary}' cannot be read: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"'{paths.summary}' is damaged: it holds a JSON {type(data).__name__}, not a summary")
+    return data
 
 
 def run_config_path(run_dir: str | Path) -> Path:

@@ -57,6 +57,7 @@ class JobRequest:
 
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_.@:+/-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ARRAY = re.compile(r"^(\d+)-(\d+)(?::(\d+))?$")
 
 
@@ -133,9 +134,11 @@ def plan(req: JobRequest) -> Plan:
     gpus = req.gpus_per_node
     if gpus and cfg.parallel.device == "cpu":
         raise UsageError(f"--gpus-per-node {gpus}, but {req.config} sets parallel.device = 'cpu'")
-    rpn = req.ranks_per_node or gpus or 1
-    if rpn < 1:
-        raise UsageError(f"--ranks-per-node {rpn}: must be at least 1")
+    for value, option in ((req.ranks_per_node, "--ranks-per-node"), (req.cpus_per_rank, "--cpus-per-rank"),
+                          (req.ranks, "--ranks")):
+        if value is not None and value < 1:  # (0 must not fall back to a default: say so)
+            raise UsageError(f"{option} {value}: must be at least 1")
+    rpn = req.ranks_per_node if req.ranks_per_node is not None else gpus or 1
     if gpus and rpn != gpus and not (rpn > gpus and cfg.parallel.share_gpus):
         raise UsageError(
             f"--ranks-per-node {rpn} with --gpus-per-node {gpus}: hpcevo runs one rank per GPU, so "
@@ -149,9 +152,7 @@ def plan(req: JobRequest) -> Plan:
             f"{req.nodes * rpn}; change --nodes, --ranks-per-node or --gpus-per-node"
         )
     threads = cfg.parallel.threads_per_rank
-    cpus = req.cpus_per_rank or (threads if isinstance(threads, int) else 1)
-    if cpus < 1:
-        raise UsageError(f"--cpus-per-rank {cpus}: must be at least 1")
+    cpus = req.cpus_per_rank if req.cpus_per_rank is not None else (threads if isinstance(threads, int) else 1)
     if not gpus and isinstance(threads, int) and cpus != threads:
         raise UsageError(
             f"--cpus-per-rank {cpus} but {req.config} caps each rank at parallel.threads_per_rank = "
@@ -181,13 +182,30 @@ def plan(req: JobRequest) -> Plan:
     job_name = req.job_name or cfg.run.name
     if req.scheduler == "pbs" and not job_name[0].isalpha():
         raise UsageError(f"job name {job_name!r}: PBS needs it to start with a letter (--job-name)")
-    for text, option in ((req.output, "--output"), (req.workdir, "--workdir"), (req.python, "--python")):
-        if text is not None and ("\n" in text or not text.strip()):
-            raise UsageError(f"{option} {text!r}: must be a non-empty single line")
-    if any("\n" in line for line in req.prologue):
-        raise UsageError("--prologue: one line each (repeat the option for more)")
+    _check_texts(req)
     seeds = _seed_indices(req.seeds, req.scheduler) if req.seeds else None
     return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds)
+
+
+def _check_texts(req: JobRequest) -> None:
+    """What lands in the script as text: each value must stay what it is there (a value in a
+    comment or directive cannot be quoted; a newline would start a live line)."""
+    for text, option in ((req.workdir, "--workdir"), (req.python, "--python")):
+        if text is not None and (_CONTROL.search(text) or not text.strip()):
+            raise UsageError(f"{option} {text!r}: must be a non-empty single line, without control characters")
+    if req.output is not None and (not req.output or re.search(r"[\s\x00-\x1f\x7f'\"\\`$]", req.output)):
+        # A directive is read by the scheduler, not by bash: nothing in it can be quoted.
+        raise UsageError(f"--output {req.output!r}: a path without spaces, quotes, $, backslashes or control "
+                         "characters (scheduler patterns such as %x-%j.out are fine)")
+    if any(_CONTROL.search(line) for line in req.prologue):
+        raise UsageError("--prologue: one line each, without control characters (repeat the option for more)")
+    for text, option in ((req.config, "CONFIG"), *((o, "--set") for o in req.overrides)):
+        if "\x00" in text:
+            raise UsageError(f"{option} {text!r}: contains a NUL byte, which no command line can carry")
+    try:
+        shlex.split(req.launcher_args)
+    except ValueError as e:
+        raise UsageError(f"--launcher-args {req.launcher_args!r}: {e} (it is split like a shell would)") from None
 
 
 def _directives(p: Plan) -> list[str]:
@@ -252,19 +270,19 @@ def _launch(p: Plan) -> list[str]:
     if p.launcher == "srun":
         base = [f"--mpi={r.srun_mpi}", '--ntasks="$NRANKS"', f"--ntasks-per-node={p.ranks_per_node}",
                 f"--cpus-per-task={p.cpus_per_rank}", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
-        return ["srun", *base, *map(shlex.quote, extra)]
+        return ["srun", *base, *map(quote, extra)]
     if p.launcher == "pals":  # Cray PALS (PBS on HPE Cray EX)
         return ["mpiexec", '-n "$NRANKS"', f"--ppn {p.ranks_per_node}", f"--depth {p.cpus_per_rank}",
-                "--cpu-bind depth", *map(shlex.quote, extra)]
+                "--cpu-bind depth", *map(quote, extra)]
     hosts = ['--machinefile "$PBS_NODEFILE"'] if r.scheduler == "pbs" else []
-    return ["mpiexec", '-n "$NRANKS"', *hosts, *map(shlex.quote, extra)]
+    return ["mpiexec", '-n "$NRANKS"', *hosts, *map(quote, extra)]
 
 
 def _array_args(p: Plan) -> list[str]:
     var = '"$SLURM_ARRAY_TASK_ID"' if p.req.scheduler == "slurm" else '"$INDEX"'
-    args = ["--set", f"run.seed={var}", "--set", f"run.name={shlex.quote(p.name + '-seed')}{var}"]
+    args = ["--set", f"run.seed={var}", "--set", f"run.name={quote(p.name + '-seed')}{var}"]
     if p.out:
-        args += ["--set", f"run.out={shlex.quote(p.out + '-seed')}{var}"]
+        args += ["--set", f"run.out={quote(p.out + '-seed')}{var}"]
     return args
 
 
@@ -280,22 +298,43 @@ def render(req: JobRequest) -> str:
     run_args += ["--resume", "--deadline", str(p.seconds - r.signal_margin)]
     slots = {
         "directives": "\n".join(_directives(p)),
-        "command": r.command or f"hpcevo jobs render {r.scheduler} {r.config}",
+        "command": _comment(r.command or f"hpcevo jobs render {r.scheduler} {shlex.quote(r.config)}"),
         "nranks": str(p.nranks),
         "margin": str(r.signal_margin),
         "max_requeues": str(r.max_requeues),
         "name": p.name,
-        "workdir": f"cd {shlex.quote(r.workdir)} || exit 1" if r.workdir else "",
-        "python": shlex.quote(r.python),
-        "run_args": " ".join(map(shlex.quote, run_args)),
+        "workdir": f"cd {quote(r.workdir)} || exit 1" if r.workdir else "",
+        "python": quote(r.python),
+        "run_args": " ".join(map(quote, run_args)),
         "environment": "\n".join(_environment(p)),
         "prologue": "\n".join(r.prologue) + ("\n" if r.prologue else ""),
         "array_args": " ".join(_array_args(p)),
         "launch": " ".join(_launch(p)),
-        "job_script": shlex.quote(r.script_path) if r.script_path else '""',
+        "job_script": quote(r.script_path) if r.script_path else '""',
         "launch_and_wait": _template("launch.sh").rstrip("\n"),
     }
     return _fill(_template(f"{r.scheduler}.sh"), slots)
+
+
+def quote(value: str) -> str:
+    """``value`` as one word of bash, on one line whatever it holds: shell quoting, or for text
+    with control characters bash's $'...' form with escapes (a newline inside plain quotes would
+    put a line in the script that a scheduler scanning for directives might read)."""
+    if not _CONTROL.search(value):
+        return shlex.quote(value)
+    def escape(ch: str) -> str:
+        if ch in "\\'":
+            return "\\" + ch
+        if _CONTROL.match(ch):
+            return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}")
+        return ch
+    return "$'" + "".join(map(escape, value)) + "'"
+
+
+def _comment(text: str) -> str:
+    """``text`` fit for the rest of a comment line: control characters (a newline would start a
+    live line of the script) written as escapes."""
+    return _CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 def _template(name: str) -> str:

@@ -11,12 +11,15 @@ from .control import (
     abort_if_stuck,
     agree_max,
     agree_on_error,
+    agree_same,
+    agreed,
     allgather_obj,
     barrier,
     bcast_from_root,
     check_replicas,
     collective_stage,
     gather_to_root,
+    user_code,
 )
 from .es import ShardedESStep
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
@@ -31,6 +34,8 @@ __all__ = [
     "abort_if_stuck",
     "agree_max",
     "agree_on_error",
+    "agree_same",
+    "agreed",
     "allgather_obj",
     "barrier",
     "bcast_from_root",
@@ -50,4 +55,5 @@ __all__ = [
     "allgather_rows",
     "microbatch_rows",
     "shard_of",
+    "user_code",
 ]

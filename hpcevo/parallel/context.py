@@ -20,6 +20,9 @@ from typing import Any
 from .binding import Binding, Probe, Request, decide, probe, resolve_local_rank
 
 ABORT_GRACE_SECONDS = 1.0
+# os._exit as Python defines it: while user code runs, os._exit is replaced by a guard that ends
+# the whole job (control.user_code); hpcevo's own exits must not go through it.
+real_exit = os._exit
 
 
 @dataclasses.dataclass
@@ -59,7 +62,7 @@ class ParallelContext:
     def abort(self, code: int) -> None:
         """End the whole job now. With one rank a plain exit is cleaner than MPI_Abort's banner."""
         if self.size == 1:
-            os._exit(code)
+            real_exit(code)
         from mpi4py import MPI
 
         # MPICH's launcher kills every process the moment Abort reaches it, and what this rank

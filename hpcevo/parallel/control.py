@@ -6,16 +6,20 @@ Each function is collective: every rank must call it, in the same order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import DivergenceError
-from .context import ParallelContext
+from ..errors import DivergenceError, UsageError, UserCodeExit, user_location
+from .context import ParallelContext, real_exit
+
+T = TypeVar("T")
 
 
 def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
@@ -82,6 +86,97 @@ def collective_stage(ctx: ParallelContext, *, stranded_after: float | None = Non
     error = agree_on_error(ctx, error, stranded_after=stranded_after)
     if error is not None:
         raise convert(error) if convert is not None else error
+
+
+def agreed(ctx: ParallelContext, what: str, check: Callable[[], T], canonical: Callable[[T], str] = repr,
+           differ: Callable[[str, str], str] | None = None) -> T:
+    """Collective: the input of a collective call, checked on every rank and agreed on.
+
+    ``check()`` validates this rank's input and returns it (raising, typically ``UsageError``,
+    when it is bad); afterwards either every rank has the same value (compared as
+    ``canonical(value)``) and gets it back, or every rank raises the same error: the first
+    failing rank's, or a UsageError saying which ranks were given something else than rank 0
+    (``differ(rank 0's text, theirs)``: one line on how they differ; default: both).
+
+    A rank given other input than the others (a seed, a generation count, a config file that
+    exists on some nodes only) would otherwise compute something else or enter a different
+    number of collectives, and leave the others waiting. Costs one Allreduce of 24 bytes when
+    all is well; the ranks exchange more only to report what is wrong.
+    """
+    value, error = None, None
+    try:
+        value = check()
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it
+        error = e
+    if ctx.size == 1:
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
+    text = canonical(value) if error is None else ""
+    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+    top = agree_max(ctx, [int(error is not None), h, -h])  # (any error, the largest, minus the smallest)
+    if top[0]:
+        raise agree_on_error(ctx, error)  # type: ignore[misc]
+    if top[1] == -top[2]:
+        return value  # type: ignore[return-value]
+    texts = ctx.comm_ctl.allgather(text)
+    odd = [r for r, t in enumerate(texts) if t != texts[0]]
+    detail = differ(texts[0], texts[odd[0]]) if differ else f"rank 0 has {_short(texts[0])}, rank {odd[0]} has {_short(texts[odd[0]])}"
+    raise UsageError(f"{what} differs between ranks (rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
+                     f"against rank 0): {detail}. A collective call needs the same input on every rank")
+
+
+def agree_same(ctx: ParallelContext, value: str, what: str, differ: Callable[[str, str], str] | None = None) -> None:
+    """Collective: UsageError on every rank unless every rank passed the same ``value`` (see
+    ``agreed``)."""
+    agreed(ctx, what, lambda: value, str, differ)
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + " ..."
+
+
+# -- code of the user's: a process that ends itself must end the job, not hang it ----------------
+_GUARDS: list[tuple[ParallelContext, str, int]] = []  # (ctx, what runs, pid that entered)
+
+
+@contextlib.contextmanager
+def user_code(ctx: ParallelContext, what: str) -> Iterator[None]:
+    """Run code of the user's (``what``: "problem 'f'", "the problem") so that it cannot end its
+    process silently while the other ranks wait for it in a collective:
+
+    * ``sys.exit`` (a ``SystemExit`` out of the block, from any thread of it) becomes
+      ``UserCodeExit`` naming the rank and the user's line; run the block inside
+      ``collective_stage`` and every rank raises it (or see ``HostEngine``, which carries it
+      through the generation's gather).
+    * ``os._exit`` cannot be caught: while the block runs, a call of it from this process prints
+      one message naming the rank and what ran, then ends the whole job (MPI_Abort) with
+      ``UserCodeExit``'s exit code. A forked child's ``os._exit`` is left alone.
+    """
+    _GUARDS.append((ctx, what, os.getpid()))
+    os._exit = _guarded_exit  # type: ignore[assignment]
+    try:
+        yield
+    except SystemExit as e:
+        where = user_location(e)
+        raise UserCodeExit(f"{what} called sys.exit({e.code!r}) on rank {ctx.rank}"
+                           + (f" ({where})" if where else "") + ": code run by hpcevo must return "
+                           "a value or raise an exception, not end the process") from None
+    finally:
+        _GUARDS.pop()
+        if not _GUARDS:
+            os._exit = real_exit  # type: ignore[assignment]
+
+
+def _guarded_exit(code: int) -> None:
+    if not _GUARDS or _GUARDS[-1][2] != os.getpid():
+        real_exit(code)
+    ctx, what, _ = _GUARDS[-1]
+    print(f"hpcevo: error: {what} called os._exit({code}) on rank {ctx.rank} ({ctx.host}): code run by "
+          "hpcevo must return a value or raise an exception; ending the job", file=sys.stderr, flush=True)
+    if ctx.size > 1:
+        ctx.abort(UserCodeExit.exit_code)
+    real_exit(UserCodeExit.exit_code)
 
 
 def _rebuild(report: tuple[str, str, str], origin: int, me: int) -> BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import schema
 from ..errors import UsageError
 from .context import ParallelContext, bind, discover
 from .control import collective_stage
@@ -14,6 +15,9 @@ def init(device: str = "auto", threads: int | str = 1, share_gpus: bool = False)
     come before the first JAX computation; later calls return the same context, binding unchanged.
     Raises UsageError on every rank when the binding asked for cannot be had on some rank's node.
     """
+    device = schema.check(schema.Device, device, "device", "parallel.init")
+    threads = schema.check(schema.Threads, threads, "threads", "parallel.init")
+    share_gpus = schema.check(bool, share_gpus, "share_gpus", "parallel.init")
     ctx = discover()
     if ctx.binding is None:
         with collective_stage(ctx, catch=UsageError):

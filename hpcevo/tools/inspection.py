@@ -24,6 +24,22 @@ def _mb(n: int) -> str:
 
 
 def _config_line(cfg: dict[str, Any]) -> str:
+    try:
+        return _describe_config(cfg)
+    except (AttributeError, TypeError, KeyError, ValueError) as e:
+        return f"(damaged: not a config hpcevo wrote: {type(e).__name__})"
+
+
+def _stored_config_line(text: str) -> str:
+    if not text:
+        return "-"
+    try:
+        return _config_line(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:
+        return f"(damaged: not TOML: {e})"
+
+
+def _describe_config(cfg: dict[str, Any]) -> str:
     run, algo, prob = cfg.get("run", {}), cfg.get("algorithm", {}), cfg.get("problem", {})
     what = f"{algo.get('name')} (pop {algo.get('pop_size')})"
     isl = cfg.get("islands")
@@ -70,11 +86,7 @@ def inspect(path: str | Path) -> tuple[str, bool]:
         lines += [f"run         {path}", f"config      {_config_line(cfg)}"]
         summary = run.summary
         if summary is not None:
-            lines.append(f"finished    generation {summary['generations']}, {_outcome(summary)}, "
-                         f"{summary['evaluations']} evaluations, {summary['ranks']} rank(s), "
-                         f"{summary['wall_s']:.1f} s, digest {summary['state_digest'][:16]}")
-            lines += [f"  island {r['island']:>3}  {r['algorithm']:<8} pop {r['pop_size']:>6}  best "
-                      f"{r['best_fitness']:.10e}" for r in summary.get("islands", [])]
+            lines += _summary_lines(summary, run.paths.summary)
         else:
             recs = run.records
             lines.append("status      not finished" + (
@@ -88,6 +100,18 @@ def inspect(path: str | Path) -> tuple[str, bool]:
     return "\n".join(lines), bool(damaged) and damaged[0]
 
 
+def _summary_lines(summary: dict[str, Any], path: Path) -> list[str]:
+    try:
+        lines = [f"finished    generation {summary['generations']}, {_outcome(summary)}, "
+                 f"{summary['evaluations']} evaluations, {summary['ranks']} rank(s), "
+                 f"{summary['wall_s']:.1f} s, digest {summary['state_digest'][:16]}"]
+        return lines + [f"  island {r['island']:>3}  {r['algorithm']:<8} pop {r['pop_size']:>6}  best "
+                        f"{r['best_fitness']:.10e}" for r in summary.get("islands", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return [f"finished    ? ('{path}' is damaged: {type(e).__name__} {e}; the checkpoints below still "
+                "tell what the run reached)"]
+
+
 def _inspect_file(path: Path) -> tuple[str, bool]:
     r = checkpoint.verify_file(path)
     lines = [f"checkpoint  {path}  ({_mb(r.size_bytes)})"]
@@ -97,7 +121,7 @@ def _inspect_file(path: Path) -> tuple[str, bool]:
             f"generation  {h.generation} ({h.evaluations} evaluations)",
             f"best        {r.best:.10e}" if r.best is not None else "best        -",
             f"written by  {h.writers}, {h.created}, hpcevo {h.hpcevo_version}",
-            f"config      {_config_line(tomllib.loads(h.config_text)) if h.config_text else '-'}",
+            f"config      {_stored_config_line(h.config_text)}",
             f"state       {_mb(r.state_bytes)}",
         ]
     lines.append("status      " + ("valid: every checksum matches" if r.problem is None else f"DAMAGED: {r.problem}"))
