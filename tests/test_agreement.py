@@ -350,3 +350,29 @@ def test_islands_settings_changed_on_resume_are_refused_on_every_rank(ctx, share
     resumed = hpcevo.run(config(shared_tmp / "r", islands=islands, run={"generations": 6}), ctx=ctx, quiet=True,
                          resume=True)
     assert resumed.summary["resumed_from"] == 3 and resumed.digest == whole.digest
+
+
+@pytest.mark.launcher
+def test_a_script_that_fails_on_one_rank_before_a_collective_ends_the_job(tmp_path):
+    """``mpiexec -n 3 python study.py`` where one rank raises before hpcevo.run: the job ends
+    (hpcevo.parallel makes an uncaught exception MPI_Abort, as ``python -m mpi4py`` does)."""
+    import subprocess
+    import time
+
+    from test_launcher import MPIEXEC, clean_env
+
+    script = tmp_path / "study.py"
+    script.write_text(textwrap.dedent(f'''
+        import hpcevo
+        ctx = hpcevo.parallel.init()
+        if ctx.rank == 1:
+            raise ValueError("only rank 1 has no data")
+        hpcevo.run({{"algorithm": {{"name": "cso", "pop_size": 8}}, "problem": {{"name": "sphere", "dim": 2}},
+                    "run": {{"out": "{tmp_path / 'out'}"}}}}, ctx=ctx, quiet=True)
+        '''))
+    t = time.monotonic()
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=clean_env())
+    assert r.returncode != 0 and time.monotonic() - t < 60
+    assert "ValueError: only rank 1 has no data" in r.stderr
+    assert "[rank 1] an uncaught ValueError ends the job" in r.stderr, r.stderr

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hpcevo
@@ -229,3 +230,114 @@ def test_an_error_in_a_problem_by_import_path_names_its_file_and_line(tmp_path):
                            'dim = 4\nlb = -1.0\nub = 1.0\n')
     msg = one_error(cli("run", str(path), cwd=tmp_path), "c.toml", "NameError", "line 5")
     assert "mine.py" in msg.split("NameError", 1)[1]  # the user's file, not a frame inside JAX
+
+
+# -- damaged files, messages, validation of what Python hands over (issue "No hang, no silent fork")
+@pytest.mark.parametrize("summary", ["{}", "[]", "not json", '{"generations": "x", "best_fitness": [1]}',
+                                     b"\xff\xfe\x00"], ids=["empty", "list", "text", "types", "bytes"])
+def test_inspect_of_a_damaged_summary(tmp_path, summary):
+    path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n')
+    assert cli("run", str(path), "-q", cwd=tmp_path).returncode == 0
+    run = tmp_path / "runs" / "c"
+    (run / "summary.json").write_bytes(summary if isinstance(summary, bytes) else summary.encode())
+    r = cli("inspect", str(run))
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    if r.returncode == 2:  # unreadable as a whole: one message naming the file
+        assert r.stderr.count("hpcevo: error:") == 1 and "summary.json" in r.stderr
+    else:  # readable JSON of the wrong shape: said so, the checkpoints still listed
+        assert r.returncode == 0 and "damaged" in r.stdout and "gen-000000002.h5" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("config", [b"\x00\x01garbage", b"run = 5\nalgorithm = [1, 2]\n", b"[run]\nname = 7\n"],
+                         ids=["bytes", "types", "name-type"])
+def test_inspect_and_open_run_of_a_damaged_config(tmp_path, config):
+    path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n')
+    assert cli("run", str(path), "-q", cwd=tmp_path).returncode == 0
+    run = tmp_path / "runs" / "c"
+    (run / "config.toml").write_bytes(config)
+    r = cli("inspect", str(run))
+    assert "Traceback" not in r.stderr + r.stdout and r.returncode in (0, 2), r.stderr
+    assert (r.returncode == 2 and r.stderr.count("hpcevo: error:") == 1) or "damaged" in r.stdout, r.stdout + r.stderr
+    try:
+        hpcevo.open_run(run).config
+    except hpcevo.UsageError as e:
+        assert "config.toml" in str(e)
+
+
+def test_unknown_islands_key_lists_the_valid_ones(tmp_path):
+    path = write(tmp_path, MINIMAL + "\n[islands]\ncuont = 4\n")
+    msg = one_error(cli("run", str(path)), "unknown key 'islands.cuont'; did you mean 'count'?")
+    assert "(valid: count, migrate_every, migrants, topology, emigrants, replace, island)" in msg
+    path = write(tmp_path, MINIMAL + "\n[[islands.island]]\natt = 1\n")
+    one_error(cli("run", str(path)), "unknown key 'islands.island[0].att'; did you mean 'at'? (valid: at, algorithm)")
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("0", "input should be greater than or equal to 1, or 'auto'; got 0"),
+    ("'many'", "input should be a valid integer, or 'auto'; got 'many'"),
+], ids=["zero", "word"])
+def test_union_messages_say_what_is_allowed_without_schema_internals(tmp_path, value, needle):
+    path = write(tmp_path, MINIMAL)
+    msg = one_error(cli("run", str(path), "--set", f"parallel.threads_per_rank={value}"), needle)
+    assert "constrained-int" not in msg and "literal[" not in msg
+
+
+def test_numpy_scalars_in_a_dict_config_are_the_numbers_they_hold(tmp_path):
+    data = {"run": {"generations": np.int64(3), "seed": np.uint32(5), "out": str(tmp_path / "np")},
+            "algorithm": {"name": "cso", "pop_size": np.int32(8), "phi": np.float32(0.25)},
+            "problem": {"name": "sphere", "dim": np.int16(3), "lb": np.float64(-2.0), "ub": [np.float32(2.0)] * 3},
+            "parallel": {"share_gpus": np.bool_(False)}}
+    cfg = hpcevo.load_config(data)
+    assert (cfg.run.generations, cfg.algorithm.pop_size, cfg.problem.dim) == (3, 8, 3)
+    assert type(cfg.run.seed) is int and cfg.algorithm_params == {"phi": 0.25}
+    assert hpcevo.run(cfg, quiet=True).status == "complete"
+
+
+def test_algorithm_objects_are_checked_as_the_config_checks_them():
+    from hpcevo.algorithms import CSO, CMAES
+
+    cso = CSO(pop_size=np.int64(8), dim=3, lb=-5.12, ub=np.array([1.0, 2.0, 3.0]))
+    assert cso.lb == (-5.12,) * 3 and cso.ub == (1.0, 2.0, 3.0) and type(cso.pop_size) is int
+    hash(cso)  # a static argument of jit
+    for kw, key in (({"phi": "x"}, "phi"), ({"pop_size": "8"}, "pop_size"), ({"lb": [1, 2]}, "lb"),
+                    ({"dtype": "float16"}, "dtype"), ({"lb": 1.0}, "lb")):
+        with pytest.raises(hpcevo.ConfigError) as e:
+            CSO(**{"pop_size": 8, "dim": 3, "lb": -1.0, "ub": 1.0, **kw})
+        assert e.value.key == key and key in str(e.value)
+    with pytest.raises(hpcevo.ConfigError, match="phi must be in"):
+        CSO(pop_size=8, dim=3, lb=-1.0, ub=1.0, phi=3.0)
+    with pytest.raises(hpcevo.ConfigError, match="'restart': input should be 'none' or 'ipop'"):
+        CMAES(pop_size=8, dim=3, lb=-1.0, ub=1.0, restart="bipop")
+
+
+def test_migration_is_checked_as_the_islands_section_is():
+    same = "input should be greater than or equal to 0; got -1"
+    with pytest.raises(hpcevo.ConfigError, match=same) as e:
+        hpcevo.Migration(every=2, migrants=-1)
+    assert e.value.key == "migrants"
+    with pytest.raises(hpcevo.ConfigError, match=same) as e:
+        hpcevo.load_config({**MINIMAL_DICT, "islands": {"count": 2, "migrants": -1}})
+    assert e.value.key == "islands.migrants"
+    assert hpcevo.Migration(every=np.int64(5), migrants=np.int32(2)).every == 5
+
+
+MINIMAL_DICT = {"algorithm": {"name": "cso", "pop_size": 8}, "problem": {"name": "ackley", "dim": 4}}
+
+
+def test_island_runs_warn_of_idle_ranks_only_when_there_are_some(tmp_path):
+    path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n[islands]\ncount = 2\nmigrants = 1\n')
+    r = cli("run", str(path), "-q", "--set", f"run.out={tmp_path / 'a'}", n=2)
+    assert r.returncode == 0 and "nothing to evaluate" not in r.stderr, r.stderr  # one rank per island
+    r = cli("run", str(path), "-q", "--set", f"run.out={tmp_path / 'b'}", "--set", "algorithm.pop_size=2",
+            "--set", "islands.count=1", "--set", "islands.migrants=0", n=3)
+    assert r.returncode == 0 and "2 of 3 ranks have nothing to evaluate" in r.stderr, r.stderr
+
+
+def test_many_islands_on_a_rank_warn_of_their_compile_time(tmp_path, capsys, monkeypatch):
+    from hpcevo.driver import execute
+
+    monkeypatch.setattr(execute, "ISLANDS_COMPILE_WARNING", 3)
+    data = {**MINIMAL_DICT, "run": {"generations": 1, "out": str(tmp_path / "i")}, "islands": {"count": 3}}
+    hpcevo.run(data, quiet=True)
+    err = capsys.readouterr().err
+    assert err.count("warning: 3 islands on a rank: they compile into one program") == 1, err

@@ -283,12 +283,17 @@ def context(ctx: Any, where: str) -> ParallelContext:
 
 
 def as_loop_problem(problem: Any, algorithm: Algorithm, host: bool) -> Problem | HostProblem:
+    """``problem`` as a problem object for ``algorithm`` (a function is wrapped; its dim and box
+    default to the algorithm's), checked to be of the algorithm's dimension."""
     if host or not isinstance(problem, (Problem, HostProblem)):
         try:
-            return as_problem(problem, host=host, dtype=algorithm.dtype,
-                              fallback=(algorithm.dim, algorithm.lb, algorithm.ub))
+            problem = as_problem(problem, host=host, dtype=algorithm.dtype,
+                                 fallback=(algorithm.dim, algorithm.lb, algorithm.ub))
         except ValueError as e:
             raise ConfigError(str(e), "problem") from None
+    if problem.dim != algorithm.dim:
+        raise ConfigError(f"problem '{problem.name}' has dim {problem.dim}, the algorithm {algorithm.dim}: build the "
+                          "algorithm with the problem's dim", "problem")
     return problem
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,8 @@ class RunRecord:
     """
 
     def __init__(self, path: str | Path):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise UsageError(f"open_run: 'path' must be a run directory's path (str or os.PathLike), got {path!r:.80}")
         path = Path(path)
         if not path.is_dir():
             raise UsageError(f"run directory '{path}' not found")

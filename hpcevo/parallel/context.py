@@ -83,7 +83,25 @@ def discover() -> ParallelContext:
         from mpi4py import MPI
 
         _CONTEXT = context_for(MPI.COMM_WORLD)
+        if _CONTEXT.size > 1:
+            _abort_on_uncaught(_CONTEXT)
     return _CONTEXT
+
+
+def _abort_on_uncaught(ctx: ParallelContext) -> None:
+    """An exception that nothing catches ends the whole job, as ``python -m mpi4py`` arranges:
+    a script (``mpiexec -n 4 python study.py``) that fails on one rank, say before a collective
+    call, would otherwise end that rank alone and leave the others waiting for it forever."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        previous(kind, value, tb)
+        if not issubclass(kind, KeyboardInterrupt):
+            sys.stderr.write(f"[rank {ctx.rank}] an uncaught {kind.__name__} ends the job (MPI_Abort)\n")
+        sys.stderr.flush()
+        ctx.abort(1)
+
+    sys.excepthook = hook
 
 
 def context_for(comm: Any) -> ParallelContext:

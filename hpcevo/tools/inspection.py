@@ -27,7 +27,7 @@ def _config_line(cfg: dict[str, Any]) -> str:
     try:
         return _describe_config(cfg)
     except (AttributeError, TypeError, KeyError, ValueError) as e:
-        return f"(damaged: not a config hpcevo wrote: {type(e).__name__})"
+        return f"(damaged: not a config hpcevo wrote: {e})"
 
 
 def _stored_config_line(text: str) -> str:
@@ -40,7 +40,11 @@ def _stored_config_line(text: str) -> str:
 
 
 def _describe_config(cfg: dict[str, Any]) -> str:
-    run, algo, prob = cfg.get("run", {}), cfg.get("algorithm", {}), cfg.get("problem", {})
+    run, algo, prob = cfg.get("run"), cfg.get("algorithm"), cfg.get("problem")
+    if not all(isinstance(t, dict) for t in (run, algo, prob)) or not all(
+            isinstance(t.get(k), (str, int)) for t, k in ((algo, "name"), (algo, "pop_size"), (prob, "name"),
+                                                          (run, "seed"), (run, "generations"))):
+        raise KeyError("a resolved config has [run], [algorithm] and [problem] with their keys")
     what = f"{algo.get('name')} (pop {algo.get('pop_size')})"
     isl = cfg.get("islands")
     if isinstance(isl, dict):
