@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -233,12 +234,19 @@ def test_an_error_in_a_problem_by_import_path_names_its_file_and_line(tmp_path):
 
 
 # -- damaged files, messages, validation of what Python hands over (issue "No hang, no silent fork")
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("finished")
+    path = write(tmp, MINIMAL + '\n[run]\ngenerations = 2\n')
+    assert cli("run", str(path), "-q", cwd=tmp).returncode == 0
+    return tmp / "runs" / "c"
+
+
 @pytest.mark.parametrize("summary", ["{}", "[]", "not json", '{"generations": "x", "best_fitness": [1]}',
                                      b"\xff\xfe\x00"], ids=["empty", "list", "text", "types", "bytes"])
-def test_inspect_of_a_damaged_summary(tmp_path, summary):
-    path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n')
-    assert cli("run", str(path), "-q", cwd=tmp_path).returncode == 0
-    run = tmp_path / "runs" / "c"
+def test_inspect_of_a_damaged_summary(tmp_path, finished_run, summary):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
     (run / "summary.json").write_bytes(summary if isinstance(summary, bytes) else summary.encode())
     r = cli("inspect", str(run))
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
@@ -250,10 +258,9 @@ def test_inspect_of_a_damaged_summary(tmp_path, summary):
 
 @pytest.mark.parametrize("config", [b"\x00\x01garbage", b"run = 5\nalgorithm = [1, 2]\n", b"[run]\nname = 7\n"],
                          ids=["bytes", "types", "name-type"])
-def test_inspect_and_open_run_of_a_damaged_config(tmp_path, config):
-    path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n')
-    assert cli("run", str(path), "-q", cwd=tmp_path).returncode == 0
-    run = tmp_path / "runs" / "c"
+def test_inspect_and_open_run_of_a_damaged_config(tmp_path, finished_run, config):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
     (run / "config.toml").write_bytes(config)
     r = cli("inspect", str(run))
     assert "Traceback" not in r.stderr + r.stdout and r.returncode in (0, 2), r.stderr
@@ -324,6 +331,7 @@ def test_migration_is_checked_as_the_islands_section_is():
 MINIMAL_DICT = {"algorithm": {"name": "cso", "pop_size": 8}, "problem": {"name": "ackley", "dim": 4}}
 
 
+@pytest.mark.slow
 def test_island_runs_warn_of_idle_ranks_only_when_there_are_some(tmp_path):
     path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n[islands]\ncount = 2\nmigrants = 1\n')
     r = cli("run", str(path), "-q", "--set", f"run.out={tmp_path / 'a'}", n=2)

@@ -112,7 +112,8 @@ class RunDir:
         if existing and not (overwrite or resume):
             raise UsageError(
                 f"run directory '{out}' already holds a run ({', '.join(existing)}); pass --resume "
-                "to continue it, --overwrite to replace it, or choose another with --set run.out=DIR")
+                "to continue it, --overwrite to replace it, or choose another with --set run.out=DIR "
+                "(from Python: resume=True, overwrite=True, or another run.out)")
         self._check_owner(checkpoints, overwrite)
         if existing and overwrite:
             for f in RUN_FILES:
@@ -209,15 +210,15 @@ def _same(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
-def write_new(path: Path, text: str) -> None:
+def write_new(path: Path, data: str | bytes) -> None:
     """Write ``path`` whole and atomically, never through a link: a new file (created
     exclusively, so no link planted under its temporary name is followed) renamed over
     whatever entry ``path`` was (a link is replaced, not followed)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import did_you_mean
+from ..errors import ConfigError, did_you_mean
 from . import numerical
 from .base import HostProblem, Problem
 from .cec2022 import NAMES as CEC2022_NAMES
@@ -66,21 +66,21 @@ __all__ = [
 ]
 
 
-def _unknown_name(name: object) -> ValueError:
+def _unknown_name(name: object) -> ConfigError:
     hint = did_you_mean(name, [*PROBLEMS, *MO_PROBLEMS])
-    return ValueError(f"unknown problem {name!r}{hint} (valid: {', '.join(sorted(PROBLEMS))}; "
+    return ConfigError(f"unknown problem {name!r}{hint} (valid: {', '.join(sorted(PROBLEMS))}; "
                       f"multi-objective: {', '.join(MO_PROBLEMS)})")
 
 
 def make_problem(name: str, dim: int, lb=None, ub=None, objectives: int | None = None):
     """The built-in problem ``name`` in ``dim`` dimensions (``objectives``: for the scalable DTLZ
-    problems); bounds default to its conventional domain. Raises ValueError naming what is allowed."""
+    problems); bounds default to its conventional domain. Raises ConfigError naming what is allowed."""
     if name in MO_PROBLEMS:
         return make_mo_problem(name, dim, lb, ub, objectives)
     if name not in PROBLEMS:
         raise _unknown_name(name)
     if objectives not in (None, 1):
-        raise ValueError(f"{name} is single-objective; objectives = {objectives} applies to the "
+        raise ConfigError(f"{name} is single-objective; objectives = {objectives} applies to the "
                          f"multi-objective problems ({', '.join(MO_PROBLEMS)})")
     return numerical.make_problem(name, dim, lb, ub)
 
@@ -95,13 +95,13 @@ def is_deferred(name: str) -> bool:
 def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
            batched: bool | None = None, dtype: str = "float32", host: bool | None = None,
            objectives: int | None = None):
-    """The problem the config's ``[problem]`` section describes; ``ValueError`` for bad input."""
+    """The problem the config's ``[problem]`` section describes; ``ConfigError`` for bad input."""
     args = dict(args or {})
     if is_held_name(name):
-        raise ValueError(f"{name} was a Python object handed to hpcevo.run(problem=...): only Python can "
+        raise ConfigError(f"{name} was a Python object handed to hpcevo.run(problem=...): only Python can "
                          "run it (or resume its run) again, passing the same object")
     if objectives is not None and name not in MO_PROBLEMS:
-        raise ValueError(f"{name}: problem.objectives applies to the scalable multi-objective problems "
+        raise ConfigError(f"{name}: problem.objectives applies to the scalable multi-objective problems "
                          f"({', '.join(n for n in MO_PROBLEMS if n.startswith('dtlz'))}), not to this one")
     if name == "command":
         from .host import make_command
@@ -109,7 +109,7 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
         return make_command(dim, lb, ub, args, batched)
     if host:
         if not is_import_path(name):
-            raise ValueError(f"{name}: problem.host = true is for a NumPy function named by import path "
+            raise ConfigError(f"{name}: problem.host = true is for a NumPy function named by import path "
                              "('package.module:function' or 'path/to/file.py:function'); an external "
                              "program is name = \"command\"")
         from .host import load_host_callable
@@ -120,13 +120,13 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
 
         return load_user_problem(name, dim, lb, ub, args, batched, dtype)
     if batched is not None:
-        raise ValueError(f"{name}: problem.batched is for problems named by import path only")
+        raise ConfigError(f"{name}: problem.batched is for problems named by import path only")
     if name == "neuro":
         from .neuro import make_neuro
 
         return make_neuro(dim, lb, ub, args)
     if args:
-        raise ValueError(f"{name}: takes no [problem.args] (got {', '.join(sorted(args))})")
+        raise ConfigError(f"{name}: takes no [problem.args] (got {', '.join(sorted(args))})")
     if name in MO_PROBLEMS:
         return make_mo_problem(name, dim, lb, ub, objectives)
     if name in CEC2022_NAMES:
@@ -135,10 +135,10 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
         return make_cec2022(name, dim, lb, ub)
     if name not in PROBLEMS:
         err = _unknown_name(name)
-        raise ValueError(f"{err}; also cec2022_f1..cec2022_f12, neuro, command (an external "
+        raise ConfigError(f"{err}; also cec2022_f1..cec2022_f12, neuro, command (an external "
                          "program), or your own as 'package.module:function' or 'path/to/file.py:function'")
     if dim is None:
-        raise ValueError(f"{name}: problem.dim is required")
+        raise ConfigError(f"{name}: problem.dim is required")
     return make_problem(name, dim, lb, ub)
 
 
@@ -149,7 +149,7 @@ def as_problem(obj: Any, dim: int | None = None, lb=None, ub=None, *, host: bool
     object with ``evaluate``) wrapped like a problem named by import path (``user.py``); with
     ``host``, a NumPy function wrapped like a host problem (``host.py``). ``dim``, ``lb``,
     ``ub`` come first (the config's), then the object's attributes, then ``fallback`` (an
-    algorithm's). ValueError names what is wrong."""
+    algorithm's). ConfigError names what is wrong."""
     from .host import host_from_object
     from .user import from_object
 

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ConfigError
 from .base import Problem
 from .numerical import _bounds, _fence, _prod, _square, _sum
 
@@ -60,7 +61,7 @@ def data_dir() -> Path:
             path = Path(root) / sub
             if (path / "shift_data_1.txt").is_file():
                 return path
-    raise ValueError(
+    raise ConfigError(
         "the CEC 2022 data files (shifts, rotations, shuffles) come from an installed package: "
         "pip install opfunu (or minionpy), or pip install 'hpcevo[cec]'"
     )
@@ -362,7 +363,7 @@ class CEC2022Problem(Problem):
     def evaluate(self, x) -> Array:
         x = jnp.asarray(x)
         if x.shape[-1] != self.dim:
-            raise ValueError(f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}")
+            raise ConfigError(f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}")
         return _evaluate(self.number, x, self.data)
 
     __call__ = evaluate
@@ -371,7 +372,7 @@ class CEC2022Problem(Problem):
 def make_cec2022(name: str, dim: int | None, lb=None, ub=None) -> CEC2022Problem:
     number = int(name.removeprefix("cec2022_f"))
     if dim not in DIMS:
-        raise ValueError(f"{name}: dim must be one of {', '.join(map(str, DIMS))} (the dimensions "
+        raise ConfigError(f"{name}: dim must be one of {', '.join(map(str, DIMS))} (the dimensions "
                          f"the CEC 2022 data is defined for), got {dim}")
     return CEC2022Problem(number, dim, _bounds(name, "lb", lb, LB, dim), _bounds(name, "ub", ub, UB, dim),
                           _load(number, dim))

@@ -281,7 +281,7 @@ def _fields(arg: str) -> list[str]:
     return [f for _, f, _, _ in string.Formatter().parse(arg) if f is not None]
 
 
-# -- construction: every mistake is a ValueError naming the problem and the fix -------------------
+# -- construction: every mistake is a ConfigError naming the problem and the fix -------------------
 def make_command(dim: int | None, lb, ub, args: dict[str, Any], batched: bool | None = None) -> CommandProblem:
     name = "command"
     unknown = sorted(set(args) - set(COMMAND_ARGS))

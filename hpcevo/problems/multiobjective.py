@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ConfigError
 from ..algorithms.mo import das_dennis
 from .base import Problem
 
@@ -278,7 +279,7 @@ class MOProblem(Problem):
         if not jnp.issubdtype(x.dtype, jnp.floating):
             x = x.astype(jnp.result_type(float))
         if x.ndim < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}")
+            raise ConfigError(f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}")
         if self.spec.objectives is None:
             return self.spec.function(x, self.num_objectives)
         return self.spec.function(x)
@@ -306,20 +307,20 @@ def make_mo_problem(name: str, dim: int | None, lb=None, ub=None, objectives: in
         m = spec.objectives or DTLZ_DEFAULT_OBJECTIVES
     else:
         if isinstance(objectives, bool) or not isinstance(objectives, int):
-            raise ValueError(f"{name}: objectives must be an integer, got {objectives!r}")
+            raise ConfigError(f"{name}: objectives must be an integer, got {objectives!r}")
         if spec.objectives is not None and objectives != spec.objectives:
-            raise ValueError(f"{name} has {spec.objectives} objectives, got objectives = {objectives}")
+            raise ConfigError(f"{name} has {spec.objectives} objectives, got objectives = {objectives}")
         if objectives < 2:
-            raise ValueError(f"{name}: objectives must be >= 2, got {objectives}")
+            raise ConfigError(f"{name}: objectives must be >= 2, got {objectives}")
         m = objectives
     if dim is None:
         dim = spec.default_k if spec.objectives else m + spec.default_k - 1
     if isinstance(dim, bool) or not hasattr(dim, "__index__"):
-        raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
+        raise ConfigError(f"{name}: dim must be an integer, got {dim!r}")
     dim = dim.__index__()
     least = 2 if spec.objectives else m
     if dim < least:
-        raise ValueError(f"{name}: dim must be >= {least}" + (f" (the number of objectives)" if not spec.objectives else "")
+        raise ConfigError(f"{name}: dim must be >= {least}" + (f" (the number of objectives)" if not spec.objectives else "")
                          + f", got {dim}")
     lo, hi = (0.0, 1.0)
     lb_t = _bounds(name, "lb", lb, lo, dim)
@@ -329,6 +330,6 @@ def make_mo_problem(name: str, dim: int | None, lb=None, ub=None, objectives: in
         ub_t = _bounds(name, "ub", ub, 5.0, dim) if ub is not None else (1.0,) + (5.0,) * (dim - 1)
     for i, (a, b) in enumerate(zip(lb_t, ub_t)):
         if not (math.isfinite(a) and math.isfinite(b) and a < b):
-            raise ValueError(f"{name}: need finite lb < ub in every coordinate; coordinate {i} has "
+            raise ConfigError(f"{name}: need finite lb < ub in every coordinate; coordinate {i} has "
                              f"lb = {a}, ub = {b}")
     return MOProblem(name, dim, lb_t, ub_t, m)

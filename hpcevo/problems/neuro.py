@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import did_you_mean
+from ..errors import ConfigError, did_you_mean
 from .base import Problem
 from .numerical import _bounds
 
@@ -47,7 +47,7 @@ def _gymnax():
     try:
         import gymnax
     except ImportError as e:
-        raise ValueError(f"neuro problems need gymnax: pip install 'hpcevo[neuro]' ({e})") from None
+        raise ConfigError(f"neuro problems need gymnax: pip install 'hpcevo[neuro]' ({e})") from None
     return gymnax
 
 
@@ -129,29 +129,29 @@ class NeuroProblem(Problem):
 def _int(args: dict, key: str, low: int) -> int:
     v = args[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"neuro: problem.args.{key} must be an integer >= {low}, got {v!r}")
+        raise ConfigError(f"neuro: problem.args.{key} must be an integer >= {low}, got {v!r}")
     return v
 
 
 def make_neuro(dim: int | None, lb, ub, args: dict[str, Any]) -> NeuroProblem:
     unknown = sorted(set(args) - set(ARGS))
     if unknown:
-        raise ValueError(f"neuro: unknown key problem.args.{unknown[0]} (valid: {', '.join(ARGS)})")
+        raise ConfigError(f"neuro: unknown key problem.args.{unknown[0]} (valid: {', '.join(ARGS)})")
     if "env" not in args:
-        raise ValueError("neuro: problem.args.env is required, e.g. env = \"CartPole-v1\"")
+        raise ConfigError("neuro: problem.args.env is required, e.g. env = \"CartPole-v1\"")
     a = {**DEFAULTS, **args}
     hidden = a["hidden"]
     if not isinstance(hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-        raise ValueError(f"neuro: problem.args.hidden must be a list of positive integers (hidden layer sizes), got {hidden!r}")
+        raise ConfigError(f"neuro: problem.args.hidden must be a list of positive integers (hidden layer sizes), got {hidden!r}")
     if a["activation"] not in ACTIVATIONS:
-        raise ValueError(f"neuro: problem.args.activation {a['activation']!r} is not one of {', '.join(ACTIVATIONS)}")
+        raise ConfigError(f"neuro: problem.args.activation {a['activation']!r} is not one of {', '.join(ACTIVATIONS)}")
     episodes, max_steps, seed = _int(a, "episodes", 1), _int(a, "max_steps", 0), _int(a, "seed", 0)
 
     gymnax = _gymnax()
     env_id = a["env"]
     if env_id not in gymnax.registered_envs:
         hint = did_you_mean(env_id, gymnax.registered_envs)
-        raise ValueError(f"neuro: unknown gymnax environment {env_id!r}{hint} (e.g. CartPole-v1, "
+        raise ConfigError(f"neuro: unknown gymnax environment {env_id!r}{hint} (e.g. CartPole-v1, "
                          "Acrobot-v1, Pendulum-v1, MountainCarContinuous-v0)")
     env, env_params = gymnax.make(env_id)
     if max_steps:
@@ -164,13 +164,13 @@ def make_neuro(dim: int | None, lb, ub, args: dict[str, Any]) -> NeuroProblem:
         n_out, low, high = int(space.n), 0.0, 0.0
     else:
         if len(space.shape) > 1:
-            raise ValueError(f"neuro: {env_id} has actions of shape {space.shape}; only vectors are supported")
+            raise ConfigError(f"neuro: {env_id} has actions of shape {space.shape}; only vectors are supported")
         n_out = int(math.prod(space.shape)) if space.shape else 1
         low, high = float(np.min(np.asarray(space.low))), float(np.max(np.asarray(space.high)))
     layers = (obs_size, *hidden, n_out)
     n_params = sum(i * o + o for i, o in zip(layers[:-1], layers[1:]))
     if dim is not None and dim != n_params:
-        raise ValueError(f"neuro: problem.dim = {dim}, but an MLP {'-'.join(map(str, layers))} has "
+        raise ConfigError(f"neuro: problem.dim = {dim}, but an MLP {'-'.join(map(str, layers))} has "
                          f"{n_params} parameters; leave problem.dim out, it follows from the network")
     return NeuroProblem(
         env_id=env_id, layers=layers, activation=a["activation"], episodes=episodes,

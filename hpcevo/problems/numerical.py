@@ -33,7 +33,7 @@ from typing import Callable, ClassVar, Sequence, Union
 import jax
 import jax.numpy as jnp
 
-from ..errors import did_you_mean
+from ..errors import ConfigError, did_you_mean
 from .base import Problem
 
 Array = jax.Array
@@ -53,7 +53,7 @@ ELLIPSOID_COND = 1e6
 def _as_float(x) -> Array:
     x = jnp.asarray(x)
     if x.ndim < 1:
-        raise ValueError(
+        raise ConfigError(
             f"a candidate must have at least one axis (the last one is the dimension), "
             f"got a scalar of shape {x.shape}"
         )
@@ -171,7 +171,7 @@ def rosenbrock(x) -> Array:
     """sum_{i=1}^{D-1} 100 (x_{i+1} - x_i^2)^2 + (1 - x_i)^2, D >= 2 [JY13, f105]."""
     x = _as_float(x)
     if x.shape[-1] < 2:
-        raise ValueError(f"rosenbrock needs dimension >= 2, got {x.shape[-1]}")
+        raise ConfigError(f"rosenbrock needs dimension >= 2, got {x.shape[-1]}")
     head, tail = x[..., :-1], x[..., 1:]
     a = tail - _square(head)
     return _sum(_fence(100.0 * (a * a), a) + _square(1.0 - head))
@@ -255,16 +255,16 @@ PROBLEMS: dict[str, ProblemSpec] = {
 }
 
 
-def _unknown_name(name: object) -> ValueError:
+def _unknown_name(name: object) -> ConfigError:
     valid = sorted(PROBLEMS)
-    return ValueError(f"unknown problem {name!r}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
+    return ConfigError(f"unknown problem {name!r}{did_you_mean(name, valid)} (valid: {', '.join(valid)})")
 
 
 def _bounds(name: str, which: str, value: BoundsLike, default: float, dim: int) -> tuple[float, ...]:
     if value is None:
         return (float(default),) * dim
     if isinstance(value, (str, bytes)) or isinstance(value, bool):
-        raise ValueError(
+        raise ConfigError(
             f"{name}: {which} must be a number or a sequence of {dim} numbers, got {value!r}"
         )
     if isinstance(value, (int, float)):
@@ -272,11 +272,11 @@ def _bounds(name: str, which: str, value: BoundsLike, default: float, dim: int) 
     try:
         values = [float(v) for v in value]  # also accepts numpy arrays and JAX arrays
     except (TypeError, ValueError):
-        raise ValueError(
+        raise ConfigError(
             f"{name}: {which} must be a number or a sequence of {dim} numbers, got {value!r}"
         ) from None
     if len(values) != dim:
-        raise ValueError(
+        raise ConfigError(
             f"{name}: {which} has {len(values)} entries but dim is {dim}; give one number "
             f"for every coordinate, or a single number for all of them"
         )
@@ -301,28 +301,28 @@ class NumericalProblem(Problem):
             raise _unknown_name(self.name)
         spec = PROBLEMS[self.name]
         if isinstance(self.dim, bool) or not isinstance(self.dim, int):
-            raise ValueError(f"{self.name}: dim must be an integer, got {self.dim!r}")
+            raise ConfigError(f"{self.name}: dim must be an integer, got {self.dim!r}")
         if self.dim < spec.min_dim:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: dim must be >= {spec.min_dim}, got {self.dim}"
             )
         for which, b in (("lb", self.lb), ("ub", self.ub)):
             if not isinstance(b, tuple):
-                raise ValueError(f"{self.name}: {which} must be a tuple of floats, got {type(b).__name__}")
+                raise ConfigError(f"{self.name}: {which} must be a tuple of floats, got {type(b).__name__}")
             if len(b) != self.dim:
-                raise ValueError(
+                raise ConfigError(
                     f"{self.name}: {which} has {len(b)} entries but dim is {self.dim}"
                 )
             for i, v in enumerate(b):
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ValueError(f"{self.name}: {which}[{i}] must be a number, got {v!r}")
+                    raise ConfigError(f"{self.name}: {which}[{i}] must be a number, got {v!r}")
                 if not math.isfinite(v):
-                    raise ValueError(
+                    raise ConfigError(
                         f"{self.name}: {which}[{i}] must be finite, got {v}"
                     )
         for i, (lo, hi) in enumerate(zip(self.lb, self.ub)):
             if not lo < hi:
-                raise ValueError(
+                raise ConfigError(
                     f"{self.name}: lb must be < ub in every coordinate, but at coordinate "
                     f"{i} lb = {lo} and ub = {hi}"
                 )
@@ -335,7 +335,7 @@ class NumericalProblem(Problem):
         """Objective values: x of shape (..., dim) -> (...); dtype kept."""
         x = _as_float(x)
         if x.shape[-1] != self.dim:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}"
             )
         return self.spec.function(x)
@@ -359,10 +359,10 @@ def make_problem(name: str, dim: int, lb: BoundsLike = None, ub: BoundsLike = No
         raise _unknown_name(name)
     spec = PROBLEMS[name]
     if isinstance(dim, bool) or not hasattr(dim, "__index__"):
-        raise ValueError(f"{name}: dim must be an integer, got {dim!r}")
+        raise ConfigError(f"{name}: dim must be an integer, got {dim!r}")
     dim = dim.__index__()  # numpy integers become int, so instances hash and compare alike
     if dim < spec.min_dim:
-        raise ValueError(
+        raise ConfigError(
             f"{name}: dim must be >= {spec.min_dim}, got {dim}"
             + (" (it couples neighbouring coordinates)" if name == "rosenbrock" else "")
         )

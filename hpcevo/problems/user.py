@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import did_you_mean
+from ..errors import ConfigError, did_you_mean
 from .base import Problem
 from .numerical import _bounds
 
@@ -109,8 +109,8 @@ class UserProblem(Problem):
         return None if ref is None else ref()
 
 
-def _fail(name: str, text: str) -> ValueError:
-    return ValueError(f"problem '{name}': {text}")
+def _fail(name: str, text: str) -> ConfigError:
+    return ConfigError(f"problem '{name}': {text}")
 
 
 def _exc(e: BaseException) -> str:

@@ -11,12 +11,14 @@ labelled with what differs.
 from __future__ import annotations
 
 import dataclasses
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..driver.result import RunRecord
+from ..driver.rundir import write_new
 from ..errors import UsageError
 from .inspection import history_of
 
@@ -87,7 +89,12 @@ def plot(paths: list[str | Path], output: str | Path | None = None) -> Path:
     else:
         _one_run(axes, runs[0])
         fig.suptitle(f"{runs[0].path.name}  (from {runs[0].source})")
-    fig.savefig(out, dpi=110)
+    if output:
+        fig.savefig(out, dpi=110)  # (a path of the user's choosing, link or not)
+    else:  # inside the run directory: never written through a link planted there
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        write_new(out, buf.getvalue())
     plt.close(fig)
     return out
 
