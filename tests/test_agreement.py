@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import hpcevo
+from configs import small_config
 from hpcevo import cli
 from hpcevo.algorithms import CSO, DE
 from hpcevo.errors import ConfigError, UsageError, UserCodeExit
@@ -29,13 +30,7 @@ def odd(ctx) -> bool:
     return ctx.rank == ctx.size - 1
 
 
-def config(out, **sections) -> dict:
-    data = {"run": {"name": "ag", "seed": 2, "generations": 4, "out": str(out)},
-            "algorithm": {"name": "cso", "pop_size": 8}, "problem": {"name": "sphere", "dim": 3},
-            "log": {"every": 2}, "checkpoint": {"every": 2, "every_seconds": 0}}
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    return data
+config = small_config
 
 
 def same_everywhere(ctx, error: BaseException) -> str:

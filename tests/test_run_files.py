@@ -17,18 +17,13 @@ from pathlib import Path
 import pytest
 
 import hpcevo
+from configs import small_config
 from hpcevo.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(out, **sections) -> dict:
-    data = {"run": {"name": "rf", "seed": 4, "generations": 4, "out": str(out)},
-            "algorithm": {"name": "cso", "pop_size": 8}, "problem": {"name": "sphere", "dim": 3},
-            "log": {"every": 2}, "checkpoint": {"every": 2, "every_seconds": 0}}
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    return data
+config = small_config
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
