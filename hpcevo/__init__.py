@@ -11,6 +11,9 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
 
     loop = hpcevo.Loop(algorithm, problem, ctx).init(seed=0)   # the step-level API
     loop.advance(100); loop.best_fitness; loop.save("ckpt/")
+    x = loop.ask(); loop.tell(x, loop.evaluate(x))             # ask/tell, bitwise one advance(1)
+    loop.set_params(F=0.9)                                     # hyper-parameters as data
+    hpcevo.run(cfg, hooks=[...], stop_when=[hpcevo.hooks.Target(1e-6)])   # hooks at log boundaries
     arch = hpcevo.Archipelago([CSO(...), DE(...)], problem, ctx,   # islands, the same way
                               hpcevo.Migration(every=20, migrants=5)).init(seed=0)
 
@@ -22,9 +25,29 @@ first use, so ``import hpcevo`` (and the command line's start) stays fast.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    # What type checkers see (``__getattr__`` below would give them Any for every name): each
+    # name of _NAMES from its module, re-exported by name. Never executed, so ``import hpcevo``
+    # still loads nothing (tests/test_typing.py checks that the two lists agree).
+    from . import (algorithms as algorithms, checkpoint as checkpoint, hooks as hooks, parallel as parallel,
+                   problems as problems)
+    from .algorithms.base import Algorithm as Algorithm
+    from .algorithms.migration import Migration as Migration
+    from .api import load_config as load_config, run as run
+    from .config import RunConfig as RunConfig
+    from .driver.archipelago import Archipelago as Archipelago
+    from .driver.loop import Loop as Loop
+    from .driver.result import Result as Result, RunRecord as RunRecord, open_run as open_run
+    from .driver.stopping import StopFlag as StopFlag
+    from .errors import (EXIT_STOPPED as EXIT_STOPPED, CheckpointDamaged as CheckpointDamaged,
+                         CheckpointError as CheckpointError, ConfigError as ConfigError,
+                         DivergenceError as DivergenceError, UsageError as UsageError, UserCodeExit as UserCodeExit)
+    from .parallel.context import ParallelContext as ParallelContext
+    from .problems.base import HostProblem as HostProblem, Problem as Problem
 
 _NAMES = {
     "load_config": "hpcevo.api",
@@ -49,7 +72,7 @@ _NAMES = {
     "UserCodeExit": "hpcevo.errors",
     "EXIT_STOPPED": "hpcevo.errors",
 }
-_SUBMODULES = ("algorithms", "problems", "parallel", "checkpoint")
+_SUBMODULES = ("algorithms", "problems", "parallel", "checkpoint", "hooks")
 
 __all__ = ["__version__", *_NAMES, *_SUBMODULES]
 

@@ -21,13 +21,15 @@ from typing import Any, Mapping, Sequence, TextIO
 from . import schema
 from .algorithms.base import Algorithm
 from .config import RunConfig, config_from_dict, read_config
-from .driver import arguments, build
+from .driver import arguments, build, rundir
 from .driver.execute import Held, RunOptions, execute
 from .driver.result import Result
 from .driver.stopping import StopSource
-from .errors import UsageError
+from .errors import ConfigError, UsageError
+from .hooks import Hook, Hooks
 from .parallel import ParallelContext, agreed, init
-from .problems.user import held_name
+from .problems.base import HostProblem, Problem
+from .problems.user import Named, held_name
 
 __all__ = ["load_config", "open_run", "run"]
 
@@ -54,9 +56,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], overrides: Sequen
 
 
 def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: Any = None,
-        algorithm: Algorithm | None = None, host: bool | None = None, ctx: ParallelContext | None = None,
-        overwrite: bool = False, resume: bool = False, quiet: bool = False, deadline: str | None = None,
-        stop: StopSource | None = None, stream: TextIO | None = None) -> Result:
+        problem_name: str | None = None, algorithm: Algorithm | None = None, host: bool | None = None,
+        ctx: ParallelContext | None = None, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+        deadline: str | float | None = None, stop: StopSource | None = None, stream: TextIO | None = None,
+        hooks: Hook | Sequence[Hook] | None = None, stop_when: Hook | Sequence[Hook] | None = None) -> Result:
     """Run ``config`` on every rank of the job (collective: every rank calls it alike).
 
     ``problem``: a JAX function you hold (of one candidate, ``(dim,) -> ()``, or of a block,
@@ -66,36 +69,78 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     (``hpcevo.algorithms.CSO(...)``) in place of the config's ``[algorithm]`` section. What they
     were is recorded in the run's resolved config, so ``resume`` works for them from Python.
 
+    ``problem_name``: the name a held function or object is recorded under
+    (``problem.name = "<python: NAME>"``), which a resume must match. Default: its
+    ``module.qualname``, the qualname alone for a script's own (``__main__``) function. A
+    ``Problem`` or ``HostProblem`` object is recorded by its own ``name`` and takes no
+    problem_name; any other object's ``name`` attribute is not used (it means too many things).
+    On resume, a name recorded without its module matches the same name with one
+    (``"srr"`` matches ``"study_problem.srr"``), so a run a script started with its own ``srr``
+    continues in a script that imports ``srr`` from its module; other names must be equal.
+
     ``ctx``: the ranks to run on (default: ``hpcevo.parallel.init()`` as ``[parallel]`` asks).
     ``overwrite`` replaces a run already in the run directory; ``resume`` continues it from its
     newest valid checkpoint, bitwise as if it had never stopped, at any rank count. ``quiet``:
     print nothing but warnings (rank 0 prints progress lines otherwise, to ``stream``).
     ``deadline``: stop with a checkpoint before this (seconds, "90m", "01:30:00", a local time).
-    ``stop``: what is polled for a stop request (default: SIGTERM, SIGUSR1, SIGINT).
-    A run stopped early returns with ``status == "stopped"``.
+    ``stop``: what is polled for a stop request (default: a ``StopFlag``: SIGTERM, SIGUSR1,
+    SIGINT). A run stopped early returns with ``status == "stopped"``.
+
+    ``hooks``: callables ``hook(record, loop)`` called at each log boundary with its metrics
+    record, on rank 0 (``hpcevo.hooks.every_rank(hook)``: on every rank, for a hook that calls a
+    collective method such as ``loop.set_params``); loggers: ``hpcevo.hooks.TensorBoard``,
+    ``WandB``. ``stop_when``: criteria ``criterion(record, loop) -> bool`` asked on rank 0 at
+    each boundary (``hpcevo.hooks.Target``, ``Stagnation``, ``Budget``, or your own): the first
+    that says stop ends the run there, ``complete``, with a checkpoint, and names itself in
+    ``result.summary["stopped_by"]``. Both are off by default and cost nothing then.
+
+    From a thread other than the main thread (``threading.Thread``; on every rank, with all of
+    the run's collective calls in that thread) the run has no signal handling, since Python
+    lets only the main thread install handlers: the default ``StopFlag`` listens to nothing
+    there, while ``stop=`` (a source of your own) and ``deadline`` still stop the run.
 
     Every argument is checked on every rank before anything runs, and the ranks agree: an
     argument that is bad on one rank (a config file missing on one node) raises the same hpcevo
     error on every rank, and so do inputs that differ between ranks. It returns on every rank
-    once the run's files are written (``open_run(result.run_dir).summary`` is there).
+    once the run's files are written (``open_run(result.run_dir).summary`` is there). Errors
+    name the options as Python passes them (``resume=True``); ``hpcevo run``'s, as flags.
     """
     world = _job(ctx)
 
-    def inputs() -> tuple[RunConfig, Held, RunOptions]:
+    def inputs() -> tuple[RunConfig, Held, RunOptions, Hooks]:
         options = RunOptions.checked("run", overwrite=overwrite, resume=resume, quiet=quiet, deadline=deadline,
-                                     stop=stop, stream=stream)
+                                     stop=stop, stream=stream, face=rundir.face())
         if host is not None:
             schema.check(bool, host, "host", "run")
         if algorithm is not None:
             arguments.checked_algorithm(algorithm, "run")
-        return _config(config), Held(problem, algorithm, schema.plain(host)), options
+        return (_config(config), Held(_named(problem, problem_name), algorithm, schema.plain(host)), options,
+                Hooks.checked("run", hooks, stop_when))
 
-    cfg, held, options = agreed(world, "hpcevo.run's input", inputs, _canonical, arguments.differ)
+    cfg, held, options, observers = agreed(world, "hpcevo.run's input", inputs, _canonical, arguments.differ)
     if ctx is None:
         par = cfg.parallel
         ctx = init(par.device, par.threads_per_rank, par.share_gpus)
-    summary, history = execute(ctx, cfg, held, options)
+    with rundir.speaking(options.face):
+        summary, history = execute(ctx, cfg, held, options, observers)
     return Result(summary, history, Path(cfg.out_dir))
+
+
+def _named(problem: Any, name: Any) -> Any:
+    """``problem``, under ``name`` when one is given (``Named``), checked."""
+    if name is None:
+        return problem
+    if not isinstance(name, str) or not name.strip() or name != name.strip() or not name.isprintable():
+        raise ConfigError("run: 'problem_name' must be a non-empty line of text without surrounding spaces (e.g. "
+                          f"\"srr\"), got {schema.short(name)}", "problem_name")
+    if problem is None:
+        raise ConfigError("run: 'problem_name' names the problem held in Python: pass it as problem= too",
+                          "problem_name")
+    if isinstance(problem, (Problem, HostProblem)):
+        raise ConfigError(f"run: 'problem_name': problem is a {type(problem).__name__} object, recorded by its own "
+                          f"name ({schema.short(problem.name)}); problem_name names a function or another object",
+                          "problem_name")
+    return Named(problem, name)
 
 
 def _job(ctx: Any) -> ParallelContext:
@@ -119,11 +164,11 @@ def _config(config: Any) -> RunConfig:
                      f"dict of its tables; got {type(config).__name__}")
 
 
-def _canonical(given: tuple[RunConfig, Held, RunOptions]) -> str:
+def _canonical(given: tuple[RunConfig, Held, RunOptions, Hooks]) -> str:
     """What every rank must have been given alike, as text: the config, what the held objects
-    are, and the options that change what the run does."""
-    cfg, held, options = given
-    what = {"config": cfg.model_dump(), **options.shared(), "host": held.host,
+    are, the options that change what the run does, and the hooks' names."""
+    cfg, held, options, hooks = given
+    what = {"config": cfg.model_dump(), **options.shared(), "host": held.host, **hooks.describe(),
             "problem": None if held.problem is None else held_name(held.problem),
             "algorithm": None if held.algorithm is None else arguments.describe([held.algorithm], None)}
     return json.dumps(what, sort_keys=True, default=repr)

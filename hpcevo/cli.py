@@ -147,7 +147,7 @@ def _run(ctx, args) -> int:
     from pathlib import Path
 
     from .api import run
-    from .driver.rundir import run_config_path
+    from .driver.rundir import run_config_path, speaking
     from .errors import EXIT_STOPPED
 
     def source():
@@ -160,8 +160,9 @@ def _run(ctx, args) -> int:
         return args.config, args.overrides
 
     cfg = _load_and_bind(ctx, source)
-    result = run(cfg, ctx=ctx, overwrite=getattr(args, "overwrite", False), resume=args.resume,
-                 quiet=args.quiet, deadline=args.deadline)
+    with speaking("cli"):  # the library's messages name --resume, --overwrite (not resume=True)
+        result = run(cfg, ctx=ctx, overwrite=getattr(args, "overwrite", False), resume=args.resume,
+                     quiet=args.quiet, deadline=args.deadline)
     return EXIT_STOPPED if result.status == "stopped" else 0
 
 

@@ -44,6 +44,9 @@ class RunSection(_Section):
     generations: schema.Generations = DEFAULT_GENERATIONS
     out: str | None = None  # default: runs/<name>, relative to the working directory
     dtype: schema.DType = "float32"
+    # Noisy problems: the best is evaluated this many times more, on draws no generation used,
+    # and their mean reported as the best (0: the best as seen). Changes the report, not the run.
+    reevaluate: schema.Reevaluations = 0
 
 
 class AlgorithmSection(_Section):

@@ -37,6 +37,7 @@ def _not_nan(v: float) -> float:
 # -- field types shared by the config's sections and the API's objects -------------------------
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 Generations = Annotated[int, Field(ge=1, le=INT32_MAX)]  # a 32-bit counter inside the jitted loop
+Reevaluations = Annotated[int, Field(ge=0, le=100_000)]
 PopSize = Annotated[int, Field(ge=1, le=INT32_MAX)]
 Dim = Annotated[int, Field(ge=1, le=INT32_MAX)]
 DType = Literal["float32", "float64"]

@@ -99,7 +99,7 @@ SRC_FLAGS=()
 
 say "installing jax, numpy, build tools and the problems' libraries"
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
-  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout cma \
+  setuptools wheel cython pkgconfig nanobind pytest pytest-timeout mypy tensorboardX cma \
   gymnax six flax opfunu minionpy pymoo moocore
 
 say "building mpi4py against $MPICC_PATH"

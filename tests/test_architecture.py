@@ -28,10 +28,16 @@ def modules() -> dict[str, Path]:
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """Every hpcevo module ``name`` imports, at the top or inside a function."""
+    """Every hpcevo module ``name`` imports, at the top or inside a function (not under ``if
+    TYPE_CHECKING:``, which only type checkers read: hpcevo/__init__.py names its lazy API there)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", "") == "TYPE_CHECKING" for n in block.body}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:

@@ -227,7 +227,7 @@ def test_resume_refuses_a_changed_computation(ctx, shared_tmp):
         hpcevo.run(cfg_for(shared_tmp / "r", algorithm__pop_size=14), resume=True, quiet=True, ctx=ctx).summary
     assert "algorithm.pop_size: checkpoint has 13, this run has 14" in str(e.value)
     # and without --resume an existing run is never overwritten silently
-    with pytest.raises(UsageError, match="--resume"):
+    with pytest.raises(UsageError, match="resume=True"):
         hpcevo.run(cfg_for(shared_tmp / "r"), quiet=True, ctx=ctx).summary
 
 

@@ -51,6 +51,12 @@ class Algorithm(Protocol):
     # Can take part in island migration: defines ``with_population`` (population-based
     # algorithms; a strategy that keeps a search distribution has no rows to replace).
     migrates: ClassVar[bool] = False
+    # Hyper-parameters that are data, evosax's ``params`` beside the state: read by ``ask`` and
+    # ``tell`` (never by ``init`` alone) in array arithmetic only, never in Python control flow
+    # or shapes. A loop passes them into its jitted step (``with_params``), so a new value takes
+    # effect at the next dispatch without a recompile (``Loop.set_params``). Every other field is
+    # static: a new value is a new program, and a running loop refuses it.
+    dynamic: ClassVar[tuple[str, ...]] = ()
 
     @property
     def num_init(self) -> int:
@@ -210,6 +216,37 @@ class MultiObjectiveAlgorithm(BaseAlgorithm):
 
     def population(self, state: State) -> tuple[jax.Array, jax.Array]:
         raise NotImplementedError  # each multi-objective algorithm has one
+
+
+def dynamic_names(algorithm: Any) -> tuple[str, ...]:
+    """The names of ``algorithm``'s hyper-parameters that are data (``Algorithm.dynamic``)."""
+    return tuple(getattr(type(algorithm), "dynamic", ()))
+
+
+def params_of(algorithm: Any) -> dict[str, float]:
+    """``algorithm``'s dynamic hyper-parameters and their values, as plain floats."""
+    return {name: float(getattr(algorithm, name)) for name in dynamic_names(algorithm)}
+
+
+def params_data(algorithm: Any, params: dict[str, float] | None = None) -> dict[str, jax.Array]:
+    """``params`` (default: the algorithm's own) as the arrays a jitted step takes: scalars of the
+    algorithm's dtype, so that a new value is new data, never a new program."""
+    values = params_of(algorithm) if params is None else params
+    return {name: jnp.asarray(values[name], algorithm.dtype) for name in dynamic_names(algorithm)}
+
+
+def with_params(algorithm: Any, params: dict[str, Any] | None) -> Any:
+    """A copy of ``algorithm`` whose dynamic hyper-parameters are ``params`` (inside a jitted step:
+    traced scalars). ``None``: ``algorithm`` itself. The copy skips the constructor's checks
+    (they compare values in Python, which a traced value cannot); the values were checked when
+    they were set (``Loop.set_params`` builds the algorithm they belong to)."""
+    if not params:
+        return algorithm
+    copy = object.__new__(type(algorithm))
+    copy.__dict__.update(algorithm.__dict__)
+    for name, value in params.items():
+        object.__setattr__(copy, name, value)
+    return copy
 
 
 def _box(where: str, name: str, value: Any, dim: int) -> tuple[float, ...]:

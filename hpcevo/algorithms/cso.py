@@ -43,6 +43,7 @@ class CSO(BaseAlgorithm):
     towards 0.1-0.2 as the swarm and the dimension grow (Sec. IV-A); 0.1 suits the swarm sizes
     this toolkit is meant for (hundreds to thousands).
     """
+    dynamic: ClassVar[tuple[str, ...]] = ("phi",)
 
     phi: float = 0.1
 

@@ -112,6 +112,7 @@ class _DEBase(BaseAlgorithm):
 @dataclasses.dataclass(frozen=True)
 class DE(_DEBase):
     """Classic DE [SP97]: ``strategy`` "rand/1/bin" or "current-to-best/1/bin", F, CR."""
+    dynamic: ClassVar[tuple[str, ...]] = ("F", "CR")
 
     strategy: Literal["rand/1/bin", "current-to-best/1/bin"] = "rand/1/bin"
     F: float = 0.5
@@ -159,6 +160,7 @@ class DE(_DEBase):
 @dataclasses.dataclass(frozen=True)
 class JADE(_DEBase):
     """JADE [ZS09]: DE/current-to-pbest/1/bin, archive, self-adapted F and CR."""
+    dynamic: ClassVar[tuple[str, ...]] = ("c",)
 
     p: float = 0.05
     c: float = 0.1

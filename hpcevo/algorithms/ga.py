@@ -93,6 +93,7 @@ class GAState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class GA(BaseAlgorithm):
     """Real-coded GA with SBX and polynomial mutation ([DA95], [DG96]; defaults from [DPAM02])."""
+    dynamic: ClassVar[tuple[str, ...]] = ("crossover_rate", "eta_c", "mutation_rate", "eta_m")
 
     tournament: int = 2
     crossover_rate: float = 0.9

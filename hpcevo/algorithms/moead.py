@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +75,7 @@ class MOEADState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class MOEAD(MultiObjectiveAlgorithm):
     """MOEA/D with Tchebycheff decomposition [ZL07]; pop_size must be a Das-Dennis lattice size."""
+    dynamic: ClassVar[tuple[str, ...]] = ("crossover_rate", "eta_c", "mutation_rate", "eta_m")
 
     neighbours: int = 20
     crossover_rate: float = 1.0

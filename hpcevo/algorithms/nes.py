@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +78,7 @@ class SNES(_es.BlockedES, _NESBase):
     (``_es.BlockedES``): ``distributed = true`` runs it without any rank holding the population
     (``hpcevo/parallel/es.py``), with bitwise the same result.
     """
+    dynamic: ClassVar[tuple[str, ...]] = ("eta_mu",)
 
     distributed: bool = False
     block: int = 0  # samples per block of the update's partial sums (0: automatic)
@@ -123,6 +124,7 @@ class XNES(_NESBase):
 
     O(n^3) per generation (a matrix exponential); eta_sigma sets eta_B too ([W14] use one value).
     """
+    dynamic: ClassVar[tuple[str, ...]] = ("eta_mu",)
 
     @property
     def lr_sigma(self) -> float:

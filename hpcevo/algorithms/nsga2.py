@@ -21,7 +21,7 @@ population.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ def rank_and_crowding(f: jax.Array) -> tuple[jax.Array, jax.Array]:
 @dataclasses.dataclass(frozen=True)
 class NSGA2(MultiObjectiveAlgorithm):
     """NSGA-II [DPAM02] with SBX and polynomial mutation."""
+    dynamic: ClassVar[tuple[str, ...]] = ("crossover_rate", "eta_c", "mutation_rate", "eta_m")
 
     crossover_rate: float = 0.9
     eta_c: float = 20.0

@@ -25,7 +25,7 @@ lets ``distributed = true`` run it without any rank holding the population
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,8 @@ class OpenESState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class OpenES(_es.MirroredES, BaseAlgorithm):
     """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
+    dynamic: ClassVar[tuple[str, ...]] = (
+        "sigma_decay", "sigma_min", "lr_decay", "lr_min", "weight_decay", "beta1", "beta2", "adam_eps")
 
     sigma_init: float = 0.02
     lr: float = 0.01

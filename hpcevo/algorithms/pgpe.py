@@ -28,7 +28,7 @@ holding the population (``hpcevo/parallel/es.py``), with bitwise the same result
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,8 @@ class PGPEState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class PGPE(_es.MirroredES, BaseAlgorithm):
     """PGPE with symmetric sampling [S10]; ``optimizer = "clipup"`` for ClipUp on the mean [T20]."""
+    dynamic: ClassVar[tuple[str, ...]] = (
+        "center_lr", "sigma_lr", "sigma_max_change", "clipup_step", "clipup_max_speed", "momentum")
 
     sigma_init: float = 0.1
     center_lr: float = 0.2

@@ -43,6 +43,7 @@ class PSOState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class PSO(BaseAlgorithm):
     """Global-best PSO with inertia weight (Shi & Eberhart 1998)."""
+    dynamic: ClassVar[tuple[str, ...]] = ("w", "c1", "c2", "v_max_frac")
 
     w: float = 0.7298
     c1: float = 1.49618
@@ -146,6 +147,7 @@ class SLPSO(BaseAlgorithm):
     the swarm, m = M + floor(n / 10); here the config's pop_size is m. Positions are clipped to
     the box (the paper leaves bounds unspecified; the same as this toolkit's PSO and CSO).
     """
+    dynamic: ClassVar[tuple[str, ...]] = ("alpha", "beta")
 
     M: int = 100
     alpha: float = 0.5

@@ -47,6 +47,9 @@ class Snapshot:
     history: dict[str, np.ndarray]
     num_init: int  # evaluations in generation 1
     num_ask: int  # evaluations in every later generation
+    # The algorithm's dynamic hyper-parameters as they were (``Algorithm.dynamic``): a resumed
+    # run continues with them, even where they were changed while it ran.
+    params: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -66,6 +69,7 @@ class Header:
     num_init: int
     num_ask: int
     hosts: tuple[str, ...] = ()  # the writers' hosts (MPI_Get_processor_name); () in older files
+    params: dict[str, float] | None = None  # dynamic hyper-parameters; None in older files
 
     @property
     def writers(self) -> str:
@@ -160,9 +164,19 @@ def header_of(attrs: Any, path: Path) -> Header:
             num_init=int(attrs["num_init"]),
             num_ask=int(attrs["num_ask"]),
             hosts=tuple(_json_attr(attrs, "hosts", "[]")),
+            params=_params(_json_attr(attrs, "params", "null")),
         )
     except KeyError as e:
         raise CheckpointDamaged(f"attribute {e.args[0]!r} is missing") from None
+
+
+def _params(value: Any) -> dict[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                              and not isinstance(v, bool) for k, v in value.items()):
+        raise CheckpointDamaged("attribute 'params' is not a table of hyper-parameters and numbers")
+    return {k: float(v) for k, v in value.items()}
 
 
 def _json_attr(attrs: Any, name: str, default: str | None = None) -> Any:

@@ -146,6 +146,8 @@ def _metadata(ctx: ParallelContext, snap: Snapshot) -> dict:
         "hpcevo_version": __version__,
         "versions": json.dumps(versions(), sort_keys=True),
         "config": snap.config_text,
+        # repr-exact: a float survives JSON bit for bit, so the resumed run continues bitwise
+        "params": json.dumps(snap.params, sort_keys=True),
     })
 
 

@@ -47,7 +47,7 @@ class Archipelago:
         settings = {**opts, "migration": list(migration), "names": names}
         agree_same(ctx, arguments.describe(algorithms, problem, **settings),
                    "Archipelago's algorithms, problem, migration or options", arguments.differ)
-        self.ctx, self.problem, self.algorithms, self.names = ctx, problem, algorithms, names
+        self.ctx, self.problem, self._algorithms, self.names = ctx, problem, tuple(algorithms), names
         self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=opts["microbatch"],
                                     batch_size=opts["batch_size"])
         self.algorithm = Totals(sum(a.pop_size for a in algorithms), sum(a.num_init for a in algorithms),
@@ -59,6 +59,18 @@ class Archipelago:
         self._histories = [HistoryBuffer() for _ in algorithms]
         self._compiled: set[bool] = set()
         self.failures: list[dict] = []
+
+    @property
+    def algorithms(self) -> tuple[Algorithm, ...]:
+        """Each island's algorithm (a tuple: fixed for the archipelago's life)."""
+        return self._algorithms
+
+    @algorithms.setter
+    def algorithms(self, new: Any) -> None:
+        raise UsageError("Archipelago.algorithms cannot change while it runs: the islands' algorithms and their "
+                         "hyper-parameters are compiled into its program. Build a new Archipelago with them and "
+                         "load a checkpoint of this one (a Loop takes new values of its dynamic hyper-parameters: "
+                         "Loop.set_params)")
 
     @property
     def count(self) -> int:

@@ -21,16 +21,36 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..algorithms.base import Algorithm
+from ..algorithms.base import Algorithm, with_params
+from ..errors import UsageError
 from ..parallel import ParallelContext, ShardedESStep, ShardedEvaluator, check_replicas
 from .recording import SingleObjective
+
+# A dynamic hyper-parameter's value by name, as data (``algorithms.base.params_data``); None: the
+# algorithm's own values, as constants of the program.
+Params = dict[str, jax.Array] | None
+
+
+class Functions(NamedTuple):
+    """A loop's generation in three pure pieces, for a ``jax.jit`` or ``lax.scan`` of the user's
+    own (``Loop.functions``): ``ask(state, params) -> (x, algo)``; ``evaluate(x[, generation]) ->
+    raw fitness`` (each rank evaluates its share, then the values are gathered: inside the
+    program, so every rank must run it alike); ``tell(state, x, algo, raw, params) -> state``;
+    ``row(before, after)``: the history row of the generation between two states (what
+    ``Loop.adopt`` takes, stacked, as a ``lax.scan`` stacks what its body returns)."""
+
+    ask: Callable[..., tuple[jax.Array, Any]]
+    evaluate: Callable[..., jax.Array]
+    tell: Callable[..., Any]
+    row: Callable[[Any, Any], Any]
+
 
 # Generations per dispatch at most: the length of the on-device history buffer. The host wakes
 # at least this often, which also bounds how long a stop signal waits to be acted on.
@@ -80,16 +100,30 @@ class Engine(Protocol):
         """Ranks left without evaluation work each generation, and the largest
         ``parallel.microbatch`` that would give every rank some (the driver warns)."""
 
-    def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
+    # ``params``: the algorithm's dynamic hyper-parameters as data (``algorithms.base.params_data``),
+    # passed to every program; None: its own values, as constants.
+    def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Initialise from the seed and run generation 1; the state and its history row."""
 
-    def advance(self, state: Any, n: int) -> tuple[Any, dict[str, np.ndarray]]:
+    def advance(self, state: Any, n: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         """n (1..MAX_CHUNK) more generations; ``state`` is donated (do not reuse it)."""
 
-    def template(self, seed: int) -> Any:
+    def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:
+        """The next generation's candidates and the algorithm's state after asking (this rank)."""
+
+    def evaluate_batch(self, x: Any, generation: int) -> Any:
+        """The raw fitness of ``x``, evaluated in shares over the ranks and gathered."""
+
+    def tell(self, state: Any, x: Any, algo: Any, raw: Any, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """The state after telling ``algo`` the fitness ``raw`` of ``x``, and the history row."""
+
+    def functions(self) -> "Functions":
+        """ask, evaluate, tell and row as pure functions (JAX problems; others raise UsageError)."""
+
+    def template(self, seed: int, params: Params = None) -> Any:
         """Shapes and dtypes of the state, computing nothing (what a checkpoint must hold)."""
 
-    def compile(self, seed: int, first: bool = True) -> None:
+    def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         """Compile ahead of time (``first=False``: not generation 1's program)."""
 
     def fingerprint(self, state: Any) -> np.ndarray:
@@ -119,8 +153,7 @@ class ReplicatedGeneration:
         self.shards = (jnp.asarray(self.first.shard), jnp.asarray(self.later.shard))
         self.microbatches = self.later.k
 
-    def __call__(self, algo: Any, first: bool, shard: jax.Array, *args):
-        a = self.algorithm
+    def __call__(self, a: Algorithm, algo: Any, first: bool, shard: jax.Array, *args):
         ask, tell, evaluator = (a.init_ask, a.init_tell, self.first) if first else (a.ask, a.tell, self.later)
         candidates, algo = ask(algo)
         raw = evaluator(candidates, shard, *args)
@@ -136,8 +169,8 @@ class DistributedESGeneration:
         self.shards = (jnp.asarray(self.step.shard), jnp.asarray(self.step.shard))
         self.microbatches = self.step.k
 
-    def __call__(self, algo: Any, first: bool, shard: jax.Array, *args):
-        return self.step(algo, shard, *args)
+    def __call__(self, a: Algorithm, algo: Any, first: bool, shard: jax.Array, *args):
+        return self.step(algo, shard, *args, algorithm=a)
 
 
 class DeviceEngine:
@@ -160,9 +193,14 @@ class DeviceEngine:
             self.generation = DistributedESGeneration(algorithm, evaluate, ctx)
         else:
             self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size)
+        self._evaluate, self._microbatch, self._batch_size = evaluate, microbatch, batch_size
+        self._evaluators: dict[int, ShardedEvaluator] = {}
         self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
         self._fingerprint = jax.jit(fingerprint)
+        self._ask = jax.jit(self._ask_fn)
+        self._evaluate_jit = jax.jit(self._evaluate_fn)
+        self._tell = jax.jit(self._tell_fn)
 
     @property
     def microbatches(self) -> int:
@@ -175,57 +213,113 @@ class DeviceEngine:
     def _args(self, state) -> tuple:
         return (state.generation + 1,) if self._with_generation else ()
 
-    def _first_generation(self, key: jax.Array, shards):
-        a = self.algorithm
+    def _first_generation(self, key: jax.Array, shards, params: Params = None):
+        a = with_params(self.algorithm, params)
         algo = a.init(key)
         empty = self.recorder.empty(a, algo)
-        algo, raw, pick = self.generation(algo, True, shards[0], *self._args(empty))
+        algo, raw, pick = self.generation(a, algo, True, shards[0], *self._args(empty))
         return self.recorder.record(a, empty, raw, algo, pick)
 
-    def _next_generation(self, state, shards):
-        algo, raw, pick = self.generation(state.algo, False, shards[1], *self._args(state))
-        return self.recorder.record(self.algorithm, state, raw, algo, pick)
+    def _next_generation(self, state, shards, params: Params = None):
+        a = with_params(self.algorithm, params)
+        algo, raw, pick = self.generation(a, state.algo, False, shards[1], *self._args(state))
+        return self.recorder.record(a, state, raw, algo, pick)
 
-    def _run_chunk(self, state, n: jax.Array, shards):
+    def _run_chunk(self, state, n: jax.Array, shards, params: Params = None):
         row = self.recorder.row
         buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
                                            for s in jax.eval_shape(row, state, state)))
 
         def body(i, carry):
             s, h = carry
-            s2 = self._next_generation(s, shards)
+            s2 = self._next_generation(s, shards, params)
             return s2, type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
 
         return lax.fori_loop(0, n, body, (state, buf))
 
-    def _first_with_history(self, key: jax.Array, shards):
-        state = self._first_generation(key, shards)
+    def _first_with_history(self, key: jax.Array, shards, params: Params = None):
+        state = self._first_generation(key, shards, params)
         values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
         return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values))
 
+    # -- ask / evaluate / tell, one piece at a time (Loop.ask, Loop.evaluate, Loop.tell) ----------
+    def _ask_fn(self, state, params: Params = None):
+        if self.algorithm.distributed:
+            raise UsageError(f"{type(self.algorithm).__name__} with distributed = True never forms its "
+                             "population on one rank, so it has no ask/tell: build it with distributed=False")
+        return with_params(self.algorithm, params).ask(state.algo)
+
+    def _evaluate_fn(self, x: jax.Array, shard: jax.Array, *args) -> jax.Array:
+        return self._evaluators[x.shape[0]](x, shard, *args)
+
+    def _tell_fn(self, state, x: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
+        a = with_params(self.algorithm, params)
+        algo = a.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        new = self.recorder.record(a, state, raw, algo, lambda i: x[i])
+        return new, self.recorder.row(state, new)
+
+    def evaluator(self, n: int) -> tuple[ShardedEvaluator, jax.Array]:
+        """The sharded evaluation of ``n`` candidates, and this rank's share of it (as data)."""
+        if n not in self._evaluators:
+            later = getattr(self.generation, "later", None)
+            self._evaluators[n] = later if later is not None and later.n == n else ShardedEvaluator(
+                self._evaluate, n, self.ctx, self._microbatch, self._batch_size)
+        return self._evaluators[n], jnp.asarray(self._evaluators[n].shard)
+
+    def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:
+        """The next generation's candidates and the algorithm's state after asking (this rank
+        alone: every rank computes the same)."""
+        return self._ask(state, params)
+
+    def evaluate_batch(self, x: jax.Array, generation: int) -> jax.Array:
+        """The raw fitness of ``x``, each rank evaluating its share (collective)."""
+        _, shard = self.evaluator(int(x.shape[0]))
+        args = (jnp.asarray(generation, jnp.int32),) if self._with_generation else ()
+        return self._evaluate_jit(x, shard, *args)
+
+    def tell(self, state: Any, x: jax.Array, algo: Any, raw: jax.Array,
+             params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
+        """The loop state after telling ``algo`` the fitness ``raw`` of ``x``, and its history row."""
+        state, row = self._tell(state, x, algo, raw, params)
+        return state, _host_history(self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in row)), 1)
+
+    def functions(self) -> "Functions":
+        """Pure ask, evaluate and tell over the loop state, for the user's own ``jax.jit``."""
+        def evaluate(x: jax.Array, *generation) -> jax.Array:
+            ev, shard = self.evaluator(int(x.shape[0]))
+            return ev(x, shard, *generation[: int(self._with_generation)])
+
+        def tell(state, x, algo, raw, params=None):
+            return self._tell_fn(state, x, algo, raw, params)[0]
+
+        def row(before, after):
+            return self.recorder.history_type(*self.recorder.row(before, after))
+
+        return Functions(self._ask_fn, evaluate, tell, row)
+
     # -- host side -----------------------------------------------------------------------------
-    def start(self, seed: int) -> tuple[Any, dict[str, np.ndarray]]:
-        state, hist = self._first(jax.random.PRNGKey(seed), self.generation.shards)
+    def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
+        state, hist = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
         return state, _host_history(hist, 1)
 
-    def advance(self, state: Any, n: int) -> tuple[Any, dict[str, np.ndarray]]:
+    def advance(self, state: Any, n: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards)
+        state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards, params)
         return state, _host_history(hist, n)
 
-    def template(self, seed: int = 0) -> Any:
-        return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards)
+    def template(self, seed: int = 0, params: Params = None) -> Any:
+        return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards, params)
 
     def fingerprint(self, state: Any) -> np.ndarray:
         return np.asarray(self._fingerprint(state))
 
-    def compile(self, seed: int, first: bool = True) -> None:
+    def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         key = jax.random.PRNGKey(seed)
         if first:
-            self._first.lower(key, self.generation.shards).compile()
-        shapes = self.template(seed)
-        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards).compile()
+            self._first.lower(key, self.generation.shards, params).compile()
+        shapes = self.template(seed, params)
+        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params).compile()
         self._fingerprint.lower(shapes).compile()
 
     def counters(self, state: Any) -> dict[str, int]:

@@ -16,18 +16,19 @@ from typing import Any, TextIO
 from .. import checkpoint, schema
 from ..algorithms.base import Algorithm
 from ..config import RunConfig, parse_deadline
-from ..errors import EXIT_STOPPED, CheckpointError, UsageError
-from ..parallel import ParallelContext, collective_stage, user_code
+from ..errors import EXIT_STOPPED, CheckpointError, ConfigError, UsageError
+from ..hooks import Hooks
+from ..parallel import ParallelContext, bcast_from_root, collective_stage, user_code
 from ..parallel.info import oversubscription
 from ..provenance import versions
-from . import build, startup
+from . import build, noisy, startup
 from .archipelago import Archipelago
 from .engine import MAX_CHUNK
 from .loop import Loop, evaluations
 from .policy import CheckpointPolicy, Schedule, next_chunk
 from .report import Reporter
 from .resume import FREE, FREE_IF_BLOCK_INVARIANT, resume_point
-from .rundir import RecordWriter, RunDir, RunPaths
+from .rundir import FACES, RecordWriter, RunDir, RunPaths, option
 from .stopping import Decision, StopControl, StopFlag, StopSource, find_deadline
 
 
@@ -37,7 +38,9 @@ class RunOptions:
     arguments. ``overwrite`` replaces a run already in the run directory; ``resume`` continues
     it; ``quiet``: no progress; ``deadline``: stop with a checkpoint before it; ``stop``: what is
     polled for a stop request (default: a ``StopFlag`` on SIGTERM, SIGUSR1, SIGINT); ``stream``:
-    where rank 0 prints (default: stdout)."""
+    where rank 0 prints (default: stdout). ``face``: who passed them, "api" (``hpcevo.run``) or
+    "cli" (``hpcevo run``): messages name the options in its words (``resume=True``,
+    ``--resume``; ``rundir.speaking``)."""
 
     overwrite: bool = False
     resume: bool = False
@@ -45,15 +48,20 @@ class RunOptions:
     deadline: str | int | float | None = None
     stop: StopSource | None = None
     stream: TextIO | None = None
+    face: str = "api"
 
     @classmethod
     def checked(cls, where: str, **given: Any) -> "RunOptions":
         """The options ``given``, each checked: UsageError names the first that is wrong."""
         out = {}
+        face = given.get("face", "api")
+        if face not in FACES:
+            raise UsageError(f"{where}: 'face' must be one of {', '.join(FACES)}, got {schema.short(face)}")
         for name in ("overwrite", "resume", "quiet"):
             out[name] = schema.check(bool, given.get(name, False), name, where)
         if out["overwrite"] and out["resume"]:
-            raise UsageError(f"{where}: overwrite and resume exclude each other: resume continues the run "
+            raise UsageError(f"{where}: {option('overwrite', face)} and {option('resume', face)} exclude each "
+                             "other: resume continues the run "
                              "in the run directory, overwrite replaces it")
         deadline = schema.plain(given.get("deadline"))
         if deadline is not None:
@@ -70,7 +78,7 @@ class RunOptions:
                              f"statement; e.g. hpcevo.StopFlag()), got {type(stop).__name__}")
         if stream is not None and not callable(getattr(stream, "write", None)):
             raise UsageError(f"{where}: 'stream' must be a text stream (with write), got {type(stream).__name__}")
-        return cls(**out, deadline=deadline, stop=stop, stream=stream)
+        return cls(**out, deadline=deadline, stop=stop, stream=stream, face=face)
 
     def shared(self) -> dict[str, Any]:
         """What every rank must be given alike (the rest is each rank's own)."""
@@ -87,35 +95,41 @@ class Held:
     host: bool | None = None
 
 
-def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(),
-            options: RunOptions = RunOptions()) -> tuple[dict[str, Any], dict[str, Any]]:
+def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(), options: RunOptions = RunOptions(),
+            hooks: Hooks = Hooks()) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``cfg`` on the ranks of ``ctx``; return (the summary, the per-generation history), on
     every rank, once summary.json is written.
 
     ``held``: objects held in Python that take the place of the config's (``build.py``). The
     summary's ``status`` is "complete", or "stopped" when a signal or the deadline ended the run
     early after writing a checkpoint (the CLI exits 75 then). With ``options.resume`` the run
-    continues from the newest valid checkpoint, bitwise as if it had never stopped.
+    continues from the newest valid checkpoint, bitwise as if it had never stopped. ``hooks``:
+    observers and stop criteria at log boundaries (``hpcevo.hooks``); a criterion that ends the
+    run makes it "complete" early, with ``stopped_by`` in the summary.
     """
     run = Run.start(ctx, cfg, held, options)
+    run.hooks = hooks
     G = cfg.run.generations
     with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
-        gen, chunk = run.first_generation(), MAX_CHUNK
+        gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
         while True:
             if run.schedule.logs_at(gen) and gen != run.resumed_at:
-                run.log(gen, metrics)
+                said = run.log(gen, metrics)
+                ended = said if gen < G else None
             decision = run.stop.poll(chunk)
-            stopping = gen < G and decision.stop
-            if run.policy.due(gen, stopping=stopping, time_due=decision.time_due):
+            stopping = gen < G and decision.stop and ended is None
+            if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due):
                 run.write_checkpoint(gen)
-            if gen >= G or stopping:
+            if gen >= G or stopping or ended is not None:
                 break
             target = run.schedule.next_target(gen, decision.chunk)
             chunk = next_chunk(target - gen, run.advance(target - gen))
             gen = target
         outcome = run.outcome()
         run.loop.close()
-    return run.finish(outcome, decision if stopping else None), run.loop.history
+        with collective_stage(ctx), user_code(ctx, "a hook"):
+            hooks.close()
+    return run.finish(outcome, decision if stopping else None, ended), run.loop.history
 
 
 # Islands hosted by one rank from which start-up warns of the compile time they cost.
@@ -137,12 +151,17 @@ class Run:
         self.checkpoint_s = self.compile_s = 0.0
         self.t_start = self.t_prev = 0.0
         self.gen_prev = 0
+        self.hooks = Hooks()
 
     @classmethod
     def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
         """Build, prepare the run directory, find the checkpoint to resume from, compile."""
         build.prepare_jax(cfg)
         parts = Built.of(ctx, cfg, held)
+        if cfg.run.reevaluate and getattr(parts.problem, "num_objectives", 1) > 1:
+            raise ConfigError(f"run.reevaluate = {cfg.run.reevaluate}: problem {parts.problem.name} has "
+                              f"{parts.problem.num_objectives} objectives; re-evaluating 'the best' needs one "
+                              "(set run.reevaluate = 0)", "run.reevaluate")
         stop_control = StopControl(ctx, options.stop if options.stop is not None else StopFlag(),
                                    find_deadline(ctx, options.deadline, cfg.checkpoint.deadline,
                                                  cfg.checkpoint.margin_seconds, time.time()),
@@ -234,20 +253,30 @@ class Run:
         if getattr(self.loop.problem, "host", False):  # (only host evaluations fail; the same on every rank)
             self.rundir.append_failures(self.loop.failures[since:])
 
-    def log(self, gen: int, metrics: RecordWriter) -> None:
-        """A log boundary: replicas checked, a metrics record, a progress line. Rank 0 writes and
-        prints; its failure (a full disk) is every rank's, reported at once."""
+    def log(self, gen: int, metrics: RecordWriter) -> str | None:
+        """A log boundary: replicas checked, a metrics record, a progress line, the hooks. Rank 0
+        writes and prints; its failure (a full disk) is every rank's, reported at once. Returns
+        why a stop criterion ends the run here (every rank: rank 0's verdict), or None."""
         self.loop.check_replicas()
         now, evals, counts = time.perf_counter(), self.loop.evaluations, self.loop.counters()
+        params = getattr(self.loop, "params", None)
         rec = {"generation": gen, "evaluations": evals, **self.loop.boundary(), "wall_s": now - self.t_start,
                "evals_per_s": (evals - evaluations(self.loop.algorithm, self.gen_prev)) / max(now - self.t_prev, 1e-12),
-               **counts}
+               **counts, **{f"params.{k}": v for k, v in (params or {}).items()}}
         self.t_prev, self.gen_prev = now, gen
         with collective_stage(self.ctx, convert=self.rundir.unwritable):
             metrics.write(rec)
             self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
             for text in self.loop.detail_lines(rec):
                 self.report.line(text, progress=True)
+        if not self.hooks:
+            return None
+        reason = None
+        with collective_stage(self.ctx), user_code(self.ctx, "a hook"):
+            self.hooks.observe(dict(rec), self.loop, self.ctx.is_root)
+            if self.ctx.is_root:
+                reason = self.hooks.reason(dict(rec), self.loop)
+        return bcast_from_root(self.ctx, reason) if self.hooks.criteria else None
 
     def write_checkpoint(self, gen: int) -> None:
         t = time.perf_counter()
@@ -269,12 +298,24 @@ class Run:
         self.report.line(f"checkpoint {self.last_checkpoint.name} written in {seconds:.2f} s", progress=True)
 
     def outcome(self) -> dict[str, Any]:
-        """What the final state holds: the recorder's summary and the digest."""
-        return {**self.loop.outcome(), "state_digest": self.loop.digest()}
+        """What the final state holds: the recorder's summary and the digest; with
+        ``run.reevaluate``, the best's fitness on fresh draws in place of the one seen."""
+        outcome = {**self.loop.outcome(), "state_digest": self.loop.digest()}
+        k = self.cfg.run.reevaluate
+        if not k:
+            return outcome
+        with collective_stage(self.ctx), user_code(self.ctx, f"problem '{self.parts.problem.name}'"):
+            values = noisy.reevaluate(self.loop, k)
+        return noisy.report(outcome, values)
 
-    def finish(self, outcome: dict[str, Any], stopped: Decision | None) -> dict[str, Any]:
-        """The summary (written to summary.json when the run completed) and the last line."""
+    def finish(self, outcome: dict[str, Any], stopped: Decision | None, ended: str | None = None) -> dict[str, Any]:
+        """The summary (written to summary.json when the run completed) and the last line.
+        ``ended``: why a stop criterion ended the run early."""
         summary = self.summary(outcome, stopped)
+        summary["stopped_by"] = stopped.why if stopped is not None else ended
+        if ended is not None:
+            self.report.line(f"{ended}: the run ends at generation {summary['generations']} of "
+                             f"{self.cfg.run.generations}")
         gen, G = summary["generations"], self.cfg.run.generations
         if stopped is not None:
             self.report.line(f"stopped by {stopped.why} at generation {gen} of {G}; checkpoint "
@@ -282,7 +323,10 @@ class Run:
                              f"(exit code {EXIT_STOPPED})")
             return summary
         self.rundir.write_summary(summary)
-        if "best_fitness" in summary:
+        if "best_fitness_seen" in summary:
+            result = (f"best fitness {summary['best_fitness']:.10e} (the mean of {len(summary['reevaluations'])} "
+                      f"fresh evaluations of the best; as seen: {summary['best_fitness_seen']:.10e})")
+        elif "best_fitness" in summary:
             result = f"best fitness {summary['best_fitness']:.10e}"
         else:
             hv = summary["hypervolume"]

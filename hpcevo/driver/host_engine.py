@@ -31,12 +31,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..algorithms.base import Algorithm
-from ..errors import UserCodeExit, user_location
+from ..algorithms.base import Algorithm, with_params
+from ..errors import UsageError, UserCodeExit, user_location
 from ..parallel import (ParallelContext, TaskRunner, allgather_obj, allgather_rows, gather_to_root, microbatch_rows,
                         user_code)
 from ..problems.base import HostProblem
-from .engine import MAX_CHUNK, fingerprint, idle_ranks
+from .engine import MAX_CHUNK, Params, fingerprint, idle_ranks
 from .recording import LoopState, SingleObjective
 
 # A LoopState's fields (whatever they are), then ``failures``: int32 (), the evaluations that
@@ -70,6 +70,7 @@ class HostEngine:
         self.penalty = float(penalty)
         self._microbatch, self._batch_size = microbatch, batch_size
         self._failures: list[dict] = []
+        self._pending_failures = 0  # failed evaluations of Loop.evaluate, not yet told
         self._runner = TaskRunner(ctx, concurrency, schedule)  # type: ignore[arg-type]
         self._ask_first = jax.jit(self._first_ask_fn)
         self._tell_first = jax.jit(self._first_tell_fn)
@@ -78,24 +79,27 @@ class HostEngine:
         self._fingerprint = jax.jit(fingerprint)
 
     # -- jitted pieces -------------------------------------------------------------------------
-    def _first_ask_fn(self, key: jax.Array):
-        return self.algorithm.init_ask(self.algorithm.init(key))
+    def _first_ask_fn(self, key: jax.Array, params: Params = None):
+        a = with_params(self.algorithm, params)
+        return a.init_ask(a.init(key))
 
-    def _record(self, loop: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any):
-        state = self.recorder.record(self.algorithm, loop, raw, algo, lambda i: candidates[i])
+    def _record(self, a: Algorithm, loop: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any):
+        state = self.recorder.record(a, loop, raw, algo, lambda i: candidates[i])
         return state, self.recorder.row(loop, state)
 
-    def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array):
-        empty = self.recorder.empty(self.algorithm, algo)
-        algo = self.algorithm.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(empty, candidates, raw, algo)
+    def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
+        a = with_params(self.algorithm, params)
+        empty = self.recorder.empty(a, algo)
+        algo = a.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        return self._record(a, empty, candidates, raw, algo)
 
-    def _ask_fn(self, loop: LoopState):
-        return self.algorithm.ask(loop.algo)
+    def _ask_fn(self, loop: LoopState, params: Params = None):
+        return with_params(self.algorithm, params).ask(loop.algo)
 
-    def _tell_fn(self, loop: LoopState, candidates: jax.Array, algo: Any, raw: jax.Array):
-        algo = self.algorithm.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(loop, candidates, raw, algo)
+    def _tell_fn(self, loop: LoopState, candidates: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
+        a = with_params(self.algorithm, params)
+        algo = a.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
+        return self._record(a, loop, candidates, raw, algo)
 
     # -- host evaluation -----------------------------------------------------------------------
     def rows_per_task(self, n: int) -> int:
@@ -172,22 +176,43 @@ class HostEngine:
         return fitness.astype(self.algorithm.dtype), count
 
     # -- the Engine protocol -------------------------------------------------------------------
-    def start(self, seed: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
-        candidates, algo = self._ask_first(jax.random.PRNGKey(seed))
+    def start(self, seed: int, params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+        candidates, algo = self._ask_first(jax.random.PRNGKey(seed), params)
         raw, failed = self.evaluate(candidates, 1)
-        loop, row = self._tell_first(candidates, algo, raw)
+        loop, row = self._tell_first(candidates, algo, raw, params)
         return _join(loop, failed), self._history([row])
 
-    def advance(self, state: HostLoopState, n: int) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+    def evaluate_batch(self, x: jax.Array, generation: int) -> np.ndarray:
+        """``evaluate`` for ``Loop.evaluate``: its failures are counted at the next ``tell``."""
+        fitness, failed = self.evaluate(x, generation)
+        self._pending_failures += failed
+        return fitness
+
+    def ask(self, state: HostLoopState, params: Params = None) -> tuple[jax.Array, Any]:
+        return self._ask(_loop(state), params)
+
+    def tell(self, state: HostLoopState, x: jax.Array, algo: Any, raw: Any,
+             params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+        """Telling a fitness the caller computed: its failures are what evaluate counted."""
+        failed = int(self._pending_failures)
+        self._pending_failures = 0
+        loop, row = self._tell(_loop(state), jnp.asarray(x), algo, jnp.asarray(raw, self.algorithm.dtype), params)
+        return _join(loop, int(state.failures) + failed), self._history([row])
+
+    def functions(self) -> Any:
+        raise UsageError(f"problem '{self.problem.name}' runs on the host, outside JAX: it cannot be evaluated "
+                         "inside a jitted function; use Loop.ask, Loop.evaluate and Loop.tell")
+
+    def advance(self, state: HostLoopState, n: int, params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
         loop, failures, rows = _loop(state), int(state.failures), []
         generation = int(loop.generation)
         for _ in range(n):
             generation += 1
-            candidates, algo = self._ask(loop)
+            candidates, algo = self._ask(loop, params)
             raw, failed = self.evaluate(candidates, generation)
-            loop, row = self._tell(loop, candidates, algo, raw)
+            loop, row = self._tell(loop, candidates, algo, raw, params)
             failures += failed
             rows.append(row)
         return _join(loop, failures), self._history(rows)
@@ -196,25 +221,25 @@ class HostEngine:
         columns = zip(*jax.device_get(rows))
         return {k: np.asarray(v) for k, v in zip(self.recorder.history_type._fields, columns)}
 
-    def template(self, seed: int = 0) -> HostLoopState:
-        def first(key):
-            candidates, algo = self._first_ask_fn(key)
-            loop, _ = self._first_tell_fn(candidates, algo, jnp.zeros(candidates.shape[:1], candidates.dtype))
+    def template(self, seed: int = 0, params: Params = None) -> HostLoopState:
+        def first(key, params):
+            candidates, algo = self._first_ask_fn(key, params)
+            loop, _ = self._first_tell_fn(candidates, algo, jnp.zeros(candidates.shape[:1], candidates.dtype), params)
             return _join(loop, 0)
 
-        return jax.eval_shape(first, jax.random.PRNGKey(seed))
+        return jax.eval_shape(first, jax.random.PRNGKey(seed), params)
 
-    def compile(self, seed: int, first: bool = True) -> None:
+    def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         key = jax.random.PRNGKey(seed)
         if first:
-            candidates, algo = jax.eval_shape(self._first_ask_fn, key)
-            self._ask_first.lower(key).compile()
-            self._tell_first.lower(candidates, algo, _fitness_like(candidates)).compile()
-        shapes = self.template(seed)
+            candidates, algo = jax.eval_shape(self._first_ask_fn, key, params)
+            self._ask_first.lower(key, params).compile()
+            self._tell_first.lower(candidates, algo, _fitness_like(candidates), params).compile()
+        shapes = self.template(seed, params)
         loop = _loop(shapes)
-        candidates, algo = jax.eval_shape(self._ask_fn, loop)
-        self._ask.lower(loop).compile()
-        self._tell.lower(loop, candidates, algo, _fitness_like(candidates)).compile()
+        candidates, algo = jax.eval_shape(self._ask_fn, loop, params)
+        self._ask.lower(loop, params).compile()
+        self._tell.lower(loop, candidates, algo, _fitness_like(candidates), params).compile()
         self._fingerprint.lower(shapes).compile()
 
     def fingerprint(self, state: HostLoopState) -> np.ndarray:

@@ -21,21 +21,24 @@ valid after it (``jax.device_get`` it first to keep it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint
-from ..algorithms.base import Algorithm
-from ..errors import ConfigError, UsageError, user_location
+from ..algorithms.base import Algorithm, params_data, params_of
+from ..errors import ConfigError, UsageError, did_you_mean, user_location
 from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
 from . import arguments
-from .engine import MAX_CHUNK, DeviceEngine, Engine, state_digest
+from .engine import MAX_CHUNK, DeviceEngine, Engine, Functions, Params, fingerprint, state_digest
 from .host_engine import HostEngine
 from .recording import recorder_for
 
@@ -91,7 +94,9 @@ class Loop:
             problem = as_loop_problem(problem, algorithm, opts.pop("host"))
         agree_same(ctx, arguments.describe([algorithm], problem, **opts), "Loop's algorithm, problem or options",
                    arguments.differ)
-        self.ctx, self.algorithm, self.problem = ctx, algorithm, problem
+        self.ctx, self._algorithm, self.problem = ctx, algorithm, problem
+        self._params = params_of(algorithm)
+        self._pending: tuple[jax.Array, Any, int] | None = None  # ask's (x, algorithm state, generation)
         self.engine: Engine
         mb, bs = opts["microbatch"], opts["batch_size"]
         if problem.host:
@@ -113,8 +118,8 @@ class Loop:
         """Start from ``seed`` and evaluate the initial population (generation 1)."""
         seed = arguments.seed(self.ctx, seed, "Loop.init")
         self.compile(seed, first=True)
-        self.state, part = self.engine.start(seed)
-        self.seed, self.generation = seed, 1
+        self.state, part = self.engine.start(seed, self._data())
+        self.seed, self.generation, self._pending = seed, 1, None
         self._history = HistoryBuffer()
         self._took(part)
         return self
@@ -123,10 +128,11 @@ class Loop:
         """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations."""
         n = arguments.generations(self.ctx, generations, self.generation, "Loop.advance")
         self._require_state()
+        self._require_no_pending("advance")
         if n:
             self.compile(self.seed or 0, first=False)
         for k in chunks(n):
-            self.state, part = self.engine.advance(self.state, k)
+            self.state, part = self.engine.advance(self.state, k, self._data())
             self.generation += k
             self._took(part)
         return self
@@ -149,7 +155,169 @@ class Loop:
 
     def _compile_programs(self, seed: int, first: bool) -> None:
         """The compilation itself: no communication (tests stagger it between ranks)."""
-        self.engine.compile(seed, first=first)
+        self.engine.compile(seed, first=first, params=self._data())
+
+    # -- hyper-parameters as data ------------------------------------------------------------------
+    @property
+    def algorithm(self) -> Algorithm:
+        """The algorithm, with the hyper-parameters the loop runs with now. Assigning an algorithm
+        that differs only in dynamic hyper-parameters is ``set_params``; one that differs in
+        anything else raises UsageError (a running loop cannot change its program)."""
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, new: Algorithm) -> None:
+        old = self._algorithm
+        if type(new) is not type(old):
+            raise UsageError(f"Loop.algorithm: this loop runs {type(old).__name__}; it cannot become "
+                             f"{type(new).__name__} while it runs: build a new Loop")
+        static = [f.name for f in dataclasses.fields(old)
+                  if f.name not in self._params and getattr(old, f.name) != getattr(new, f.name)]
+        if static:
+            raise UsageError(self._static_message("Loop.algorithm", static[0]))
+        self.set_params(**{k: v for k, v in params_of(new).items() if v != self._params[k]})
+
+    @property
+    def params(self) -> dict[str, float]:
+        """The dynamic hyper-parameters (``Algorithm.dynamic``) and the values the next dispatch
+        uses; a copy. Restored from a checkpoint by ``load``."""
+        return dict(self._params)
+
+    def set_params(self, **values: float) -> "Loop":
+        """Change dynamic hyper-parameters (``DE``'s ``F`` and ``CR``, ``PSO``'s ``w``...): the next
+        ``advance``, ``ask`` or ``tell`` uses them, with no recompilation, and checkpoints record
+        them. Checked as the algorithm's constructor checks them (ConfigError); a static
+        hyper-parameter (one that shapes the program: ``pop_size``, ``strategy``...) raises
+        UsageError. Collective: every rank passes the same values (UsageError otherwise)."""
+        def check() -> Algorithm:
+            fields = {f.name for f in dataclasses.fields(self._algorithm)}
+            for name in values:
+                if name not in self._params:
+                    if name in fields:
+                        raise UsageError(self._static_message("Loop.set_params", name))
+                    raise UsageError(f"Loop.set_params: {type(self._algorithm).__name__} has no hyper-parameter "
+                                     f"'{name}'{did_you_mean(name, sorted(fields))}; the dynamic ones are "
+                                     f"{', '.join(self._params) or 'none'}")
+            return dataclasses.replace(self._algorithm, **values)
+
+        new = agreed(self.ctx, "Loop.set_params", check, lambda a: json.dumps(params_of(a), sort_keys=True),
+                     arguments.differ)
+        self._algorithm, self._params = new, params_of(new)
+        return self
+
+    def _static_message(self, where: str, name: str) -> str:
+        dynamic = ", ".join(self._params) or "none"
+        return (f"{where}: '{name}' of {type(self._algorithm).__name__} is static (it shapes the compiled "
+                f"program) and cannot change while the loop runs: build a new Loop with it and load a checkpoint "
+                f"of this one (what can change: {dynamic})")
+
+    def _data(self) -> Params:
+        return params_data(self._algorithm, self._params) if self._params else None
+
+    # -- ask / evaluate / tell: a generation in the user's hands --------------------------------
+    def ask(self) -> jax.Array:
+        """The next generation's candidates, ``(algorithm.num_ask, dim)``, the same on every rank.
+        Then ``evaluate`` them (or compute their fitness any way that gives every rank the same
+        values) and ``tell`` the fitness: ``ask``, ``evaluate``, ``tell`` is bitwise one
+        ``advance(1)``. Collective only in what it checks (one small Allreduce)."""
+        self._require_state()
+        agreed(self.ctx, "Loop.ask", lambda: self._require_no_pending("ask"), lambda _: str(self.generation))
+        with collective_stage(self.ctx), user_code(self.ctx, "the algorithm"), user_errors():
+            x, algo = self.engine.ask(self.state, self._data())
+        self._pending = (x, algo, self.generation + 1)
+        return x
+
+    def evaluate(self, x: Any) -> jax.Array:
+        """The problem's raw fitness of ``x`` (``(n, dim)``, any n), each rank evaluating its share
+        and the values gathered: the same bits at any rank count. Collective: every rank passes
+        the same candidates. NaN or infinite values are kept (``tell`` counts them as worst)."""
+        def check() -> jax.Array:
+            a = jnp.asarray(x)
+            if a.ndim != 2 or a.shape[1] != self._algorithm.dim or a.shape[0] < 1:
+                raise UsageError(f"Loop.evaluate: 'x' must be candidates of shape (n, {self._algorithm.dim}), got "
+                                 f"shape {tuple(a.shape)}")
+            return a.astype(self._algorithm.dtype)
+
+        a = agreed(self.ctx, "Loop.evaluate's candidates", check, _array_text)
+        generation = self._pending[2] if self._pending else self.generation + 1
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            return self.engine.evaluate_batch(a, generation)
+
+    def tell(self, x: Any, fitness: Any) -> "Loop":
+        """End the generation ``ask`` began: the algorithm learns ``fitness`` (of ``x``, the asked
+        candidates; minimised; NaN and infinities count as worst), the best-so-far and the history
+        are updated, and ``generation`` counts one more. Collective: every rank passes the same
+        values (UsageError names the ranks that differ: a fitness computed differently on one
+        rank would fork the replicas)."""
+        def check() -> tuple[jax.Array, jax.Array]:
+            if self._pending is None:
+                raise UsageError("Loop.tell: no generation is open: call ask() first")
+            asked = self._pending[0]
+            xa, fa = jnp.asarray(x, self._algorithm.dtype), jnp.asarray(fitness)
+            if xa.shape != asked.shape:
+                raise UsageError(f"Loop.tell: 'x' must be the {asked.shape[0]} candidates ask() gave, shape "
+                                 f"{tuple(asked.shape)}; got shape {tuple(xa.shape)}")
+            want = (asked.shape[0],) if self.engine.recorder.kind == "single-objective" else (asked.shape[0], -1)
+            if fa.ndim != len(want) or fa.shape[0] != want[0]:
+                raise UsageError(f"Loop.tell: 'fitness' must have one value per candidate, shape {want[:1]}"
+                                 f"{' + (objectives,)' if len(want) > 1 else ''}; got shape {tuple(fa.shape)}")
+            return xa, fa.astype(self._algorithm.dtype)
+
+        xa, fa = agreed(self.ctx, "Loop.tell's candidates and fitness", check,
+                        lambda v: _array_text(v[0]) + _array_text(v[1]))
+        _, algo, _ = self._pending  # type: ignore[misc]
+        with collective_stage(self.ctx), user_code(self.ctx, "the algorithm"), user_errors():
+            self.state, part = self.engine.tell(self.state, xa, algo, fa, self._data())
+        self._pending = None
+        self.generation += 1
+        self._took(part)
+        return self
+
+    def functions(self) -> Functions:
+        """The generation as pure functions of the loop state, for the user's own ``jax.jit`` or
+        ``lax.scan`` (``engine.Functions``: ``ask(state, params)``, ``evaluate(x)``,
+        ``tell(state, x, algo, raw, params)``; ``params``: ``Loop.params_data()``). Every rank must
+        run the program alike (its evaluation gathers over the ranks). Hand the state back with
+        ``adopt``. JAX problems only."""
+        return self.engine.functions()
+
+    def params_data(self) -> Params:
+        """The dynamic hyper-parameters as the arrays the functions of ``functions`` take."""
+        return self._data() or {}
+
+    def adopt(self, state: Any, history: Any = None) -> "Loop":
+        """Continue from ``state``, a loop state that ``functions`` computed from this loop's
+        (``generation`` follows it). ``history``: the rows of the generations run outside (a
+        ``History`` of stacked values, as a ``lax.scan`` collects them); without it those
+        generations' history is NaN (-1 for counts). Collective: checked to be the same on every
+        rank (``check_replicas``)."""
+        old = self._require_state()
+        self._require_no_pending("adopt")
+        if jax.tree_util.tree_structure(state) != jax.tree_util.tree_structure(old) or any(
+                jnp.shape(a) != jnp.shape(b) or jnp.result_type(a) != jnp.result_type(b)
+                for a, b in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(old))):
+            raise UsageError("Loop.adopt: 'state' is not a state of this loop (other structure, shapes or dtypes)")
+        n = int(state.generation) - self.generation
+        if n < 0:
+            raise UsageError(f"Loop.adopt: 'state' is at generation {int(state.generation)}, before this loop's "
+                             f"{self.generation}")
+        fields = self.engine.recorder.history_type._fields
+        if history is not None:
+            part = {k: np.asarray(jax.device_get(getattr(history, k)))[-n:] if n else
+                    np.asarray(jax.device_get(getattr(history, k)))[:0] for k in fields}
+        else:
+            cols = self.history
+            part = {k: np.full(n, -1 if np.issubdtype(cols[k].dtype, np.integer) else np.nan, cols[k].dtype)
+                    for k in fields}
+        self.state, self.generation = state, self.generation + n
+        self.check_replicas()
+        self._took(part)
+        return self
+
+    def _require_no_pending(self, what: str) -> None:
+        if self._pending is not None:
+            raise UsageError(f"Loop.{what}: generation {self._pending[2]} was asked but not told: call "
+                             "tell(x, fitness) first")
 
     def close(self) -> None:
         """Free what the engine holds (host problems: threads, simulator processes). Collective."""
@@ -236,8 +404,9 @@ class Loop:
     def snapshot(self, config_text: str = "") -> checkpoint.Snapshot:
         """What a checkpoint of this loop holds (``config_text``: the run's resolved config)."""
         state = self._require_state()
+        self._require_no_pending("save")
         return checkpoint.Snapshot(self.generation, self.evaluations, int(self.seed), config_text, state,
-                                   self.history, self.algorithm.num_init, self.algorithm.num_ask)
+                                   self.history, self.algorithm.num_init, self.algorithm.num_ask, self.params)
 
     def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
         """Write a checkpoint into ``directory`` (``gen-NNNNNNNNN.h5``; the newest ``keep`` are
@@ -249,7 +418,7 @@ class Loop:
 
     def template(self) -> Any:
         """Shapes and dtypes of the state (what a checkpoint of this loop must hold)."""
-        return self.engine.template(self.seed or 0)
+        return self.engine.template(self.seed or 0, self._data())
 
     def load(self, path: str | Path) -> "Loop":
         """Continue from a checkpoint file (written at any rank count): the state, history and
@@ -266,10 +435,26 @@ class Loop:
             raise UsageError(f"cannot resume from '{loaded.header.path}': its history has "
                              f"{sorted(loaded.history)}, this run keeps {fields}: it was written by another "
                              "kind of run")
+        params = loaded.header.params
+        if params is not None and set(params) != set(self._params):
+            raise UsageError(f"cannot resume from '{loaded.header.path}': it holds hyper-parameters "
+                             f"{sorted(params)}, {type(self._algorithm).__name__} has {sorted(self._params)}")
+        if params:  # the checkpoint's values, even where they were changed while it ran
+            self._algorithm, self._params = dataclasses.replace(self._algorithm, **params), dict(params)
         self.state, self.seed, self.generation = loaded.state, loaded.header.seed, loaded.header.generation
+        self._pending = None
         self._history = HistoryBuffer()
         self._history.append(loaded.history)
         return self
+
+
+_fingerprint = jax.jit(fingerprint)
+
+
+def _array_text(a: jax.Array) -> str:
+    """An array as text for agreement: its shape, dtype and a fingerprint computed where it lies
+    (a few bytes reach the host, not the array)."""
+    return f"{a.dtype}{tuple(a.shape)}:{np.asarray(_fingerprint(a)).tolist()}"
 
 
 def context(ctx: Any, where: str) -> ParallelContext:

@@ -14,14 +14,16 @@ from typing import Any
 from .. import checkpoint
 from ..errors import UsageError
 from ..parallel import ParallelContext, bcast_from_root
+from ..problems.user import held_names_match
 from .loop import Loop
 from .report import Reporter
+from .rundir import option
 
 # What a resumed run may change: the keys that never change a bit of the computation (how long
 # it runs, where it writes, how it logs and checkpoints, how it is bound to its hardware, how
 # host evaluations are scheduled: tested bitwise). Everything else in the resolved config is
 # locked, so a key added to the schema is locked until it is shown to be harmless here.
-FREE = ("run.generations", "run.name", "run.out", "log.*", "checkpoint.*", "parallel.device",
+FREE = ("run.generations", "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "parallel.device",
         "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus", "evaluation.concurrency",
         "evaluation.schedule")
 # Free only where it is known to change nothing: pieces of a micro-batch give the same bits as the
@@ -36,7 +38,9 @@ def is_free(key: str, free: tuple[str, ...] = FREE) -> bool:
 def resume_conflicts(stored_text: str, new: dict[str, Any], free: tuple[str, ...] = FREE) -> list[str]:
     """Differences between a checkpoint's resolved config and this run's (``new``, resolved)
     that forbid resuming it, one line each, naming the key and both values: every key whose
-    value differs, but for those ``free`` to change."""
+    value differs, but for those ``free`` to change. Names of objects held in Python match when
+    one is the other without its module (``held_names_match``): a script's function is
+    recorded without ``__main__``, and another script may import it from its module."""
     try:
         old = tomllib.loads(stored_text)
     except tomllib.TOMLDecodeError as e:
@@ -46,7 +50,7 @@ def resume_conflicts(stored_text: str, new: dict[str, Any], free: tuple[str, ...
     out = []
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, missing), b.get(key, missing)
-        if va != vb and not is_free(key, free):
+        if not held_names_match(va, vb) and not is_free(key, free):
             show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{key}: checkpoint has {show(va)}, this run has {show(vb)}")
     return out
@@ -90,7 +94,7 @@ def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], ge
                     f"{loaded.header.writers})")
         return loaded
     raise UsageError(f"no usable checkpoint in '{ckdir}':\n  " + "\n  ".join(damaged)
-                     + "\n  pass --overwrite to start the run again from generation 1")
+                     + f"\n  pass {option('overwrite')} to start the run again from generation 1")
 
 
 def _load_fitting(ctx: ParallelContext, path: Path, resolved: dict[str, Any], generations: int,
@@ -100,7 +104,7 @@ def _load_fitting(ctx: ParallelContext, path: Path, resolved: dict[str, Any], ge
     if conflicts:
         raise UsageError(f"cannot resume from '{path}': settings that change the computation differ from "
                          "the checkpoint's:\n  " + "\n  ".join(conflicts) + "\n  allowed to change on resume: "
-                         f"{', '.join(free)}; or start a new run (overwrite, or another run.name)")
+                         f"{', '.join(free)}; or start a new run ({option('overwrite')}, or another run.name)")
     if header.generation > generations:
         raise UsageError(f"cannot resume from '{path}': it is at generation {header.generation}, past "
                          f"run.generations = {generations}; raise run.generations to continue it")

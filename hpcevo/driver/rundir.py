@@ -12,6 +12,8 @@ the module functions read them on one process (``hpcevo inspect``, ``plot``, ``h
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import errno
 import json
@@ -27,6 +29,34 @@ from ..parallel import ParallelContext, collective_stage
 
 CONFIG, METRICS, SUMMARY, FAILURES = "config.toml", "metrics.jsonl", "summary.json", "failures.jsonl"
 RUN_FILES = (CONFIG, METRICS, SUMMARY, FAILURES)
+
+# Which face started the run: "api" (hpcevo.run) or "cli" (hpcevo run). Messages that tell the
+# caller what to pass next name it in that face's words (``resume=True``, ``--resume``). A
+# context variable, because the messages are raised deep inside the run; each thread starts
+# with the default, so a run started from a thread speaks Python.
+FACES = ("api", "cli")
+_FACE: contextvars.ContextVar[str] = contextvars.ContextVar("hpcevo_face", default="api")
+
+
+@contextlib.contextmanager
+def speaking(face: str) -> Iterator[None]:
+    """Messages raised inside name the options as ``face`` ("api" or "cli") spells them."""
+    token = _FACE.set(face)
+    try:
+        yield
+    finally:
+        _FACE.reset(token)
+
+
+def face() -> str:
+    """The face messages speak now ("api" unless inside ``speaking("cli")``)."""
+    return _FACE.get()
+
+
+def option(name: str, face: str | None = None) -> str:
+    """A flag of ``hpcevo run`` as ``face`` (default: the one speaking now) passes it:
+    ``--resume``, or ``resume=True``."""
+    return f"--{name}" if (face or _FACE.get()) == "cli" else f"{name}=True"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +140,10 @@ class RunDir:
         if checkpoints:
             existing.append(f"{len(checkpoints)} checkpoint(s) in {ckdir}")
         if existing and not (overwrite or resume):
+            another = "--set run.out=DIR" if face() == "cli" else "another run.out (or run.name) in the config"
             raise UsageError(
-                f"run directory '{out}' already holds a run ({', '.join(existing)}); pass --resume "
-                "to continue it, --overwrite to replace it, or choose another with --set run.out=DIR "
-                "(from Python: resume=True, overwrite=True, or another run.out)")
+                f"run directory '{out}' already holds a run ({', '.join(existing)}); pass {option('resume')} "
+                f"to continue it, {option('overwrite')} to replace it, or choose another with {another}")
         self._check_owner(checkpoints, overwrite)
         if existing and overwrite:
             for f in RUN_FILES:
@@ -124,7 +154,8 @@ class RunDir:
         if links:
             raise UsageError(f"run directory '{out}': {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'} "
                              f"(to {os.readlink(out / links[0])}): hpcevo writes no file of a run through a link; "
-                             "remove it, or pass --overwrite (which removes the link, not what it points to)")
+                             f"remove it, or pass {option('overwrite')} (which removes the link, not what it points "
+                             "to)")
         for d in (out, ckdir):
             d.mkdir(parents=True, exist_ok=True)
             probe = d / f".write-test-{os.getpid()}"
@@ -147,9 +178,9 @@ class RunDir:
                              "checkpoint.dir to a directory of this run's")
         if overwrite and owner is None and checkpoints and not _inside(ckdir, out):
             raise UsageError(f"checkpoint directory '{ckdir}' (outside the run directory '{out}') holds "
-                             f"{len(checkpoints)} checkpoint(s) that no run claims (no {OWNER} file): --overwrite "
-                             "deletes only checkpoints it can tell are this run's; move them away, or set "
-                             "checkpoint.dir to another directory")
+                             f"{len(checkpoints)} checkpoint(s) that no run claims (no {OWNER} file): "
+                             f"{option('overwrite')} deletes only checkpoints it can tell are this run's; move them "
+                             "away, or set checkpoint.dir to another directory")
 
     def start(self, config_text: str, resumed_at: int | None) -> None:
         """Write the resolved config; a resumed run keeps the records up to its checkpoint (it

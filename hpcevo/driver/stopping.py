@@ -12,6 +12,7 @@ import datetime
 import os
 import signal
 import subprocess
+import threading
 import time
 from typing import Protocol
 
@@ -40,6 +41,10 @@ class StopFlag:
     SIGTERM (scheduler preemption / ``scancel``), SIGUSR1 (Slurm's ``--signal`` warning) and SIGINT
     (Ctrl-C) ask for a checkpoint and a clean exit. A second SIGINT means "now": it raises
     KeyboardInterrupt, which ends the job without a checkpoint.
+
+    Python lets only the main thread install signal handlers: used from another thread (a run
+    started in a ``threading.Thread``), a StopFlag installs none and never fires; the signals
+    keep whatever handlers the main thread gave them. A stop source of one's own still works there.
     """
 
     def __init__(self) -> None:
@@ -47,6 +52,8 @@ class StopFlag:
         self._previous: dict[int, object] = {}
 
     def install(self) -> "StopFlag":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal.signal would raise ValueError: signals are the main thread's
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -69,9 +69,10 @@ class ShardedESStep:
         self.shard = np.asarray(shard_of(self.k, 1, ctx.size, ctx.rank), np.int32)
         self.slots, self.order = slot_layout(self.k, ctx.size)  # one allgather, as in evaluate.py
 
-    def __call__(self, state: Any, shard: jax.Array, *args):
-        """``args`` (e.g. the generation number) are passed on to the problem function."""
-        a, b, k, units = self.algorithm, self.b, self.k, self.units
+    def __call__(self, state: Any, shard: jax.Array, *args, algorithm: Any = None):
+        """``args`` (e.g. the generation number) are passed on to the problem function;
+        ``algorithm``: the one built with (an equal one whose hyper-parameters are traced)."""
+        a, b, k, units = algorithm if algorithm is not None else self.algorithm, self.b, self.k, self.units
         c = a.copies
         dtype = jnp.dtype(a.dtype)
         state, key = a.split_key(state)

@@ -17,6 +17,10 @@ Host problems (``host.py``) are not JAX: a NumPy function by import path (``host
 external command (``command``). They carry ``host = True`` and ``evaluate_rows`` instead of
 ``evaluate``, and run under ``hpcevo.driver.host_engine.HostEngine``.
 
+A function of a pytree of parameters (a network's weights as a dict of arrays, a Flax or Haiku
+params tree), ``pytree_problem(fn, example)`` (``pytree.py``): a problem on the flattened
+parameters, with ``unravel`` and ``ravel`` between a flat solution and the tree.
+
 The protocols every problem follows, with the defaults of their optional members: ``base.py``.
 """
 
@@ -41,6 +45,7 @@ from .numerical import (
     schwefel,
     sphere,
 )
+from .pytree import PytreeProblem, pytree_problem
 from .user import is_held_name, is_import_path
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "PROBLEMS",
     "NumericalProblem",
     "ProblemSpec",
+    "PytreeProblem",
     "ackley",
     "as_problem",
     "create",
@@ -59,6 +65,7 @@ __all__ = [
     "griewank",
     "is_deferred",
     "make_problem",
+    "pytree_problem",
     "rastrigin",
     "rosenbrock",
     "schwefel",

@@ -26,7 +26,9 @@ other optional members of ``problems.base.Problem`` (``wants_generation``, ``blo
 
 A function or problem object held in Python (``hpcevo.run(cfg, problem=f)``) goes through the
 same checks (``from_object``); its name in the resolved config is ``held_name(f)``, which only
-Python can run again.
+Python can run again: ``<python: module.qualname>``, ``<python: qualname>`` for a script's own
+(``__main__``) function, or ``<python: NAME>`` for one handed over as ``Named(f, NAME)``
+(``hpcevo.run(problem_name=NAME)``). A resume compares them with ``held_names_match``.
 
 Every mistake (a missing file or module, a missing attribute, arguments the function does not
 take, a wrong output shape, an exception while tracing) raises ``ValueError`` with one message
@@ -62,14 +64,42 @@ def is_import_path(name: str) -> bool:
     return ":" in name and not is_held_name(name)
 
 
+@dataclass(frozen=True)
+class Named:
+    """A problem held in Python under the name its caller chose (``hpcevo.run(problem_name=)``):
+    recorded as ``<python: name>``, checked and evaluated as ``obj``."""
+
+    obj: Any
+    name: str
+
+
 def held_name(obj: Any) -> str:
-    """The name a problem (or algorithm) object held in Python gets in a resolved config."""
+    """The name a problem (or algorithm) object held in Python gets in a resolved config: its
+    function's or class's ``module.qualname``; the qualname alone when the module is
+    ``__main__``, which names whichever script runs, not the code (so a run a script started
+    can be resumed by another that imports the same function from its module); a ``Named``
+    object's own name."""
+    if isinstance(obj, Named):
+        return f"{HELD_PREFIX}{obj.name}>"
     what = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-    return f"{HELD_PREFIX}{getattr(what, '__module__', '?')}.{getattr(what, '__qualname__', repr(what))}>"
+    module, qualname = getattr(what, "__module__", "?"), getattr(what, "__qualname__", repr(what))
+    return f"{HELD_PREFIX}{qualname if module == '__main__' else f'{module}.{qualname}'}>"
 
 
 def is_held_name(name: str) -> bool:
     return name.startswith(HELD_PREFIX)
+
+
+def held_names_match(a: Any, b: Any) -> bool:
+    """Whether two held names (``held_name``) may name the same code: equal, or one is the
+    other with a dotted prefix (its module) dropped: ``<python: srr>``, a script's own function
+    or one named ``srr``, matches ``<python: study_problem.srr>``. (Where a module ends and a
+    qualname begins cannot be told from the text, so ``srr`` also matches ``mod.Outer.srr``.)
+    Anything else, held names or not: equal."""
+    if not (isinstance(a, str) and isinstance(b, str) and is_held_name(a) and is_held_name(b)):
+        return a == b
+    short, long = sorted((n[len(HELD_PREFIX):].removesuffix(">") for n in (a, b)), key=len)
+    return short == long or bool(short) and long.endswith("." + short)
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,6 +318,8 @@ def resolve_object(name: str, obj: Any, dim: int | None, lb, ub, args: dict[str,
     object with an ``evaluate`` method: its dim, bounds and objectives. The config's values
     (``dim``, ``lb``, ``ub``) come first, then the object's attributes, then ``fallback`` (the
     dim and bounds of an algorithm object handed over with it)."""
+    if isinstance(obj, Named):
+        obj = obj.obj  # (its name is ``name`` already)
     if isinstance(obj, type):
         meta, fn = _instantiate(name, obj, args, dim)
     elif hasattr(obj, "evaluate") and not inspect.isroutine(obj):
@@ -295,7 +327,7 @@ def resolve_object(name: str, obj: Any, dim: int | None, lb, ub, args: dict[str,
             raise _fail(name, f"[problem.args] do not apply to a problem object ({', '.join(sorted(args))})")
         meta, fn = obj, obj.evaluate
     elif callable(obj):
-        _check_args(name, obj, args, (None,))
+        _check_args(name, obj, args, (None, None) if getattr(obj, "wants_generation", False) else (None,))
         meta, fn = obj, (functools.partial(obj, **args) if args else obj)
     else:
         raise _fail(name, f"{what} is a {type(obj).__name__}, not a function or a class")

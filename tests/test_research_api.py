@@ -1,0 +1,248 @@
+"""The daily research loop from Python, under MPI: ask/evaluate/tell (and its pure form inside the
+user's own jit), hyper-parameters as data, a collective end of ``hpcevo.run``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpcevo
+from hpcevo.algorithms import ALGORITHMS, CSO, DE, GA, NSGA2, PSO, CMAES, OpenES
+from hpcevo.algorithms.base import params_of
+from hpcevo.parallel import context_for
+from hpcevo.problems import make_problem
+
+from configs import small_config
+
+RASTRIGIN = make_problem("rastrigin", 6)
+
+
+def build(cls, problem=RASTRIGIN, **kw):
+    extra = {"num_objectives": problem.num_objectives} if cls.multi_objective else {}
+    return cls(pop_size=kw.pop("pop_size", 24), dim=problem.dim, lb=problem.lb, ub=problem.ub, **extra, **kw)
+
+
+def ask_tell(loop, n):
+    for _ in range(n):
+        x = loop.ask()
+        loop.tell(x, loop.evaluate(x))
+    return loop
+
+
+CASES = {"de": (DE, RASTRIGIN, {}), "cso": (CSO, RASTRIGIN, {}), "pso": (PSO, RASTRIGIN, {}),
+         "cmaes": (CMAES, RASTRIGIN, {}), "openes": (OpenES, RASTRIGIN, {}), "ga": (GA, RASTRIGIN, {}),
+         "nsga2": (NSGA2, make_problem("zdt1", 6), {})}
+
+
+# -- ask / evaluate / tell --------------------------------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_ask_evaluate_tell_is_bitwise_advance_at_any_rank_count(ctx, references, request, name):
+    cls, problem, kw = CASES[name]
+    algorithm = build(cls, problem, **kw)
+
+    def digests(c):
+        a = hpcevo.Loop(algorithm, problem, c).init(3).advance(5)
+        b = ask_tell(hpcevo.Loop(algorithm, problem, c).init(3), 5)
+        assert b.generation == a.generation == 6 and b.evaluations == a.evaluations
+        for k, v in a.history.items():
+            np.testing.assert_array_equal(b.history[k], v, err_msg=k)
+        return [a.digest(), b.digest()]
+
+    here = digests(ctx)
+    assert here[0] == here[1]
+    assert here == references.get(request, "digests", lambda: here if ctx.size == 1 else digests(
+        context_for(MPI.COMM_SELF)))
+
+
+def test_own_logic_between_ask_and_tell(ctx):
+    """What evosax users write: change the candidates' fitness in Python (a penalty), tell it."""
+    algorithm = build(DE)
+    loop = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(0)
+    for _ in range(4):
+        x = loop.ask()
+        f = loop.evaluate(x) + 10.0 * jnp.sum(jnp.maximum(x - 4.0, 0.0), axis=1)
+        loop.tell(x, f)
+    assert loop.generation == 5 and np.isfinite(loop.best_fitness)
+    loop.check_replicas()
+
+
+def test_host_problem_ask_tell_equals_advance(ctx):
+    def f(x):  # NumPy, one candidate
+        return float(np.sum(x * x))
+
+    algorithm = build(CSO)
+    a = hpcevo.Loop(algorithm, f, ctx, host=True).init(1).advance(4)
+    b = ask_tell(hpcevo.Loop(algorithm, f, ctx, host=True).init(1), 4)
+    assert a.digest() == b.digest()
+    a.close(), b.close()
+
+
+def test_ask_tell_misuse_raises_on_every_rank(ctx):
+    loop = hpcevo.Loop(build(PSO), RASTRIGIN, ctx).init(0)
+    with pytest.raises(hpcevo.UsageError, match="call ask"):
+        loop.tell(np.zeros((24, 6)), np.zeros(24))
+    x = loop.ask()
+    with pytest.raises(hpcevo.UsageError, match="asked but not told"):
+        loop.advance(1)
+    with pytest.raises(hpcevo.UsageError, match="asked but not told"):
+        loop.ask()
+    with pytest.raises(hpcevo.UsageError, match="shape"):
+        loop.tell(x, np.zeros(23))
+    with pytest.raises(hpcevo.UsageError, match="shape"):
+        loop.evaluate(np.zeros((4, 5)))
+    if ctx.size > 1:  # a fitness computed differently on one rank would fork the replicas
+        with pytest.raises(hpcevo.UsageError, match="differs between ranks"):
+            loop.tell(x, np.full(24, float(ctx.rank == 1)))
+    loop.tell(x, loop.evaluate(x))  # the generation is still open, and ends normally
+    assert loop.generation == 2
+    with pytest.raises(hpcevo.UsageError, match="distributed"):
+        hpcevo.Loop(build(OpenES, distributed=True, block=8), RASTRIGIN, ctx).init(0).ask()
+
+
+def test_functions_in_the_users_own_jitted_scan_equal_advance(ctx):
+    algorithm = build(PSO)
+    a = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2).advance(7)
+    loop = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2)
+    ask, evaluate, tell, row = loop.functions()
+
+    @jax.jit
+    def generations(state, params):
+        def body(s, _):
+            x, algo = ask(s, params)
+            s2 = tell(s, x, algo, evaluate(x), params)
+            return s2, row(s, s2)
+        return jax.lax.scan(body, state, None, length=7)
+
+    state, history = generations(loop.state, loop.params_data())
+    loop.adopt(state, history)
+    assert loop.generation == 8 and loop.digest() == a.digest()
+    for k, v in a.history.items():
+        np.testing.assert_array_equal(loop.history[k], v, err_msg=k)
+    loop.advance(2)  # and the loop goes on from there
+    assert loop.digest() == a.advance(2).digest()
+
+
+# -- hyper-parameters as data ---------------------------------------------------------------------
+def test_set_params_takes_effect_without_recompiling(ctx):
+    pso = build(PSO, w=0.5)
+    loop = hpcevo.Loop(pso, RASTRIGIN, ctx).init(0).advance(3)
+    compiled = loop.engine._chunk._cache_size()
+    loop.set_params(w=0.7, c1=1.2).advance(3)
+    assert loop.engine._chunk._cache_size() == compiled  # data, not a new program
+    assert loop.params["w"] == 0.7 and loop.algorithm.w == 0.7 and loop.algorithm.c1 == 1.2
+    unchanged = hpcevo.Loop(pso, RASTRIGIN, ctx).init(0).advance(6)
+    assert loop.digest() != unchanged.digest()
+    # from the same state on, the values as data equal the same values built into the algorithm
+    again = hpcevo.Loop(pso, RASTRIGIN, ctx).init(0)
+    built = hpcevo.Loop(build(PSO, w=0.7, c1=1.2), RASTRIGIN, ctx).init(0)
+    built.state = jax.tree_util.tree_map(jnp.copy, again.state)
+    assert again.set_params(w=0.7, c1=1.2).advance(5).digest() == built.advance(5).digest()
+
+
+def test_assigning_the_algorithm_is_set_params_or_refused(ctx):
+    de = build(DE)
+    loop = hpcevo.Loop(de, RASTRIGIN, ctx).init(0).advance(2)
+    loop.algorithm = dataclasses.replace(de, F=0.9)  # the reported case: it used to be ignored
+    loop.advance(3)
+    ref = hpcevo.Loop(de, RASTRIGIN, ctx).init(0).advance(2).set_params(F=0.9).advance(3)
+    assert loop.digest() == ref.digest() != hpcevo.Loop(de, RASTRIGIN, ctx).init(0).advance(5).digest()
+    with pytest.raises(hpcevo.UsageError, match="'pop_size' of DE is static"):
+        loop.algorithm = dataclasses.replace(de, pop_size=30)
+    with pytest.raises(hpcevo.UsageError, match="'strategy' of DE is static"):
+        loop.set_params(strategy="current-to-best/1/bin")
+    with pytest.raises(hpcevo.UsageError, match="no hyper-parameter 'f'.*dynamic ones are F, CR"):
+        loop.set_params(f=0.3)
+    with pytest.raises(hpcevo.ConfigError, match="F must be in"):
+        loop.set_params(F=7.0)
+    with pytest.raises(hpcevo.UsageError, match="cannot become CSO"):
+        loop.algorithm = build(CSO)
+    if ctx.size > 1:
+        with pytest.raises(hpcevo.UsageError, match="differs between ranks"):
+            loop.set_params(F=0.3 + 0.1 * (ctx.rank == 1))
+    assert loop.params == {"F": 0.9, "CR": 0.9}  # nothing above changed it
+
+
+def test_checkpoint_keeps_the_params_and_resume_continues_bitwise(ctx, shared_tmp):
+    de = build(DE, F=0.5)
+    a = hpcevo.Loop(de, RASTRIGIN, ctx).init(4).advance(3).set_params(F=0.8, CR=0.3).advance(2)
+    path = a.save(shared_tmp / "ck")
+    assert hpcevo.checkpoint.read_header(ctx, path).params == {"F": 0.8, "CR": 0.3}
+    a.advance(4)
+    b = hpcevo.Loop(de, RASTRIGIN, ctx).load(path)  # built with F = 0.5: the checkpoint's values win
+    assert b.params == {"F": 0.8, "CR": 0.3} and b.algorithm.F == 0.8
+    assert b.advance(4).digest() == a.digest()
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_dynamic_hyper_parameter_is_data(name):
+    """Each declared name is a field; values set as data equal the same values built in, from the
+    same state on; and no new program is compiled."""
+    cls = ALGORITHMS[name]
+    problem = make_problem("zdt1", 4) if cls.multi_objective else make_problem("sphere", 4)
+    kw = {"distributed": True, "block": 4} if name in ("openes", "snes", "pgpe") else {}
+    if name == "moead":
+        kw["neighbours"] = 5
+    old = build(cls, problem, pop_size=16, **kw)
+    fields = {f.name for f in dataclasses.fields(old)}
+    assert set(cls.dynamic) <= fields
+    new = {}
+    for k, v in params_of(old).items():
+        for value in (v * 0.8, v * 1.2, 0.5, 0.05):
+            try:
+                dataclasses.replace(old, **{**new, k: value})
+            except hpcevo.ConfigError:
+                continue
+            new[k] = value
+            break
+    assert set(new) == set(cls.dynamic), "no valid new value found for some dynamic hyper-parameter"
+    ctx = context_for(MPI.COMM_SELF)
+    a = hpcevo.Loop(old, problem, ctx).init(0).advance(1)
+    compiled = a.engine._chunk._cache_size()
+    b = hpcevo.Loop(dataclasses.replace(old, **new), problem, ctx).init(0)
+    b.state = jax.tree_util.tree_map(jnp.copy, a.state)
+    b.generation = a.generation
+    a.set_params(**new).advance(3)
+    assert a.engine._chunk._cache_size() == compiled
+    assert a.digest() == b.advance(3).digest()
+
+
+# -- a collective end -----------------------------------------------------------------------------
+def test_run_returns_on_every_rank_with_its_files_readable(ctx, shared_tmp):
+    result = hpcevo.run(small_config(shared_tmp / "r"), quiet=True)
+    record = hpcevo.open_run(result.run_dir)
+    assert record.summary is not None and record.summary["state_digest"] == result.digest
+    assert len(record.metrics) >= 2 and record.checkpoints
+
+
+# -- noisy problems: the best on fresh draws ------------------------------------------------------
+def noisy_sphere(x, generation):
+    """Sphere plus noise drawn from the generation number: every candidate of a generation meets
+    the same draw (common random numbers), each generation a new one."""
+    return jnp.sum(x * x) + 5.0 * jax.random.normal(jax.random.fold_in(jax.random.PRNGKey(0), generation))
+
+
+noisy_sphere.wants_generation = True
+
+
+def test_reevaluate_reports_the_best_on_fresh_draws(ctx, shared_tmp, references, request):
+    cfg = small_config(shared_tmp / "noisy", run={"generations": 12, "reevaluate": 6},
+                       problem={"name": None, "dim": 3, "lb": -2.0, "ub": 2.0})
+    result = hpcevo.run(cfg, problem=noisy_sphere, quiet=True)
+    s = result.summary
+    assert len(s["reevaluations"]) == 6 and len(set(s["reevaluations"])) == 6  # six different draws
+    assert s["best_fitness"] == pytest.approx(np.mean(s["reevaluations"])) == result.best_fitness
+    assert s["best_fitness_seen"] < s["best_fitness"]  # the luck of the best draw is gone
+    assert hpcevo.open_run(result.run_dir).summary["reevaluations"] == s["reevaluations"]
+    here = s["reevaluations"]
+    assert here == references.get(request, "values", lambda: here)  # the same values at any rank count
+    plain = hpcevo.run(small_config(shared_tmp / "det", run={"reevaluate": 3}), quiet=True).summary
+    assert plain["reevaluations"] == [plain["best_fitness_seen"]] * 3  # deterministic: its one value
+    with pytest.raises(hpcevo.ConfigError, match="run.reevaluate"):
+        hpcevo.run(small_config(shared_tmp / "mo", run={"reevaluate": 3}, algorithm={"name": "nsga2"},
+                                problem={"name": "zdt1", "dim": 4}), quiet=True)
