@@ -231,3 +231,28 @@ def test_this_job_is_bound_consistently(ctx):
     assert ctx.local_rank_source in (*LOCAL_RANK_VARS, COMM_SOURCE)
     assert ctx.binding is not None and ctx.binding.kind == "cpu"
     assert os.environ["NPROC"] == "1" == str(ctx.binding.threads)
+
+
+def test_cpu_ranks_compile_for_one_instruction_set_unless_the_user_chose_one():
+    """x86-64 CPU ranks cap XLA at AVX2 (bits then do not depend on which x86 CPU a rank has);
+    a cap already in XLA_FLAGS is the user's and stays, other architectures get no flag, and
+    GPU ranks are left alone."""
+    (b,) = bind_all(node("hydra", 1))
+    assert b.xla_flags == ("--xla_cpu_max_isa=AVX2",)
+    mine = probe({"XLA_FLAGS": "--xla_cpu_max_isa=AVX512 --xla_dump_to=/tmp/x"}, device_files=[], affinity=[0],
+                 cores=1)
+    assert decide([mine], 0).xla_flags == ()
+    import dataclasses
+
+    arm = dataclasses.replace(node("hydra", 1)[0], machine="aarch64")
+    assert decide([arm], 0).xla_flags == ()
+    (g,) = bind_all(node("hydra", 1, gpus=1))
+    assert g.kind == "gpu" and g.xla_flags == ()
+
+
+def test_this_job_caps_the_instruction_set_it_compiles_for(ctx):
+    import os
+    import platform
+
+    if platform.machine() == "x86_64":
+        assert "--xla_cpu_max_isa=" in os.environ.get("XLA_FLAGS", "")

@@ -180,6 +180,22 @@ def test_retention_keeps_newest_and_every_mth(tmp_path):
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)][:2] == ["gen-000000600.h5", "gen-000000500.h5"]
 
 
+@pytest.mark.single_process
+@pytest.mark.parametrize("text, reason", [
+    # h5py's words for an MPI_File_open on a read-only mount (MPICH 4.0's ROMIO, verbatim)
+    ("Unable to create file (MPI_File_open failed: MPI error string is 'Read-only file or filesystem "
+     "name, error stack:\nADIOI_UFS_OPEN(51): Read access is required to this file')", "Read-only file system"),
+    ("MPI error string is 'Not enough space for file , error stack:'", "No space left on device"),
+    ("MPI error string is 'Quota exceeded for files'", "Disk quota exceeded"),
+    ("MPI error string is 'Access denied to file /x/y.h5'", "Permission denied"),
+    ("Unable to synchronously create file (No space left on device)", "No space left on device"),
+])
+def test_the_reason_behind_an_mpi_io_error_is_the_one_users_search_for(text, reason):
+    from hpcevo.checkpoint.format import oserror_text
+
+    assert oserror_text(OSError(text)) == reason
+
+
 # -- the runner: resume, conflicts, stops --------------------------------------------------------
 BASE = {
     "run": {"name": "ck", "seed": 3, "generations": 40},

@@ -190,13 +190,23 @@ def _json_attr(attrs: Any, name: str, default: str | None = None) -> Any:
 # What HDF5 and MPI-IO bury in their error stacks, in the words a user searches for.
 _REASONS = ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded",
             "Input/output error", "No such file or directory", "File exists", "Stale file handle")
+# MPI-IO (ROMIO, in MPICH and Open MPI) words the same errors its own way: an MPI_File_open on a
+# read-only mount fails with "Read-only file or filesystem name", not the OS's strerror.
+_ROMIO_WORDS = {"read-only file or filesystem": "Read-only file system",
+                "not enough space for file": "No space left on device",
+                "quota exceeded for files": "Disk quota exceeded",
+                "access denied to file": "Permission denied"}
 
 
 def oserror_text(e: BaseException) -> str:
     """The reason behind an HDF5 or OS error, in a user's words."""
     text = str(e)
+    lowered = text.lower()
     for reason in _REASONS:
-        if reason.lower() in text.lower():
+        if reason.lower() in lowered:
+            return reason
+    for words, reason in _ROMIO_WORDS.items():
+        if words in lowered:
             return reason
     if getattr(e, "strerror", None):
         return e.strerror

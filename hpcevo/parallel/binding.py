@@ -28,6 +28,7 @@ import dataclasses
 import glob
 import importlib.util
 import os
+import platform
 from typing import Literal, Mapping, Sequence
 
 from ..errors import UsageError
@@ -56,6 +57,8 @@ class Probe:
     cuda_runtime: bool  # a JAX CUDA plugin is installed
     affinity: tuple[int, ...]  # CPUs this process may run on
     cores: int  # CPUs of the node
+    machine: str = "x86_64"  # platform.machine()
+    xla_flags: str = ""  # XLA_FLAGS as set in the environment
 
     @property
     def gpus(self) -> tuple[str, ...]:
@@ -100,6 +103,8 @@ def probe(env: Mapping[str, str] | None = None, *, device_files: Sequence[str] |
         cuda_runtime=cuda_runtime,
         affinity=tuple(sorted(affinity)),
         cores=cores or os.cpu_count() or len(affinity),
+        machine=platform.machine(),
+        xla_flags=env.get("XLA_FLAGS", ""),
     )
 
 
@@ -140,6 +145,7 @@ class Binding:
     env: Mapping[str, str]  # set unconditionally
     env_defaults: Mapping[str, str]  # set unless the user already set them
     notes: tuple[str, ...] = ()  # not errors, but worth a look (shown by `hpcevo info`)
+    xla_flags: tuple[str, ...] = ()  # appended to XLA_FLAGS (never one the user set already)
 
     @property
     def device(self) -> str:
@@ -222,7 +228,22 @@ def _cpu_binding(node, index, local_rank, source, request) -> Binding:
     env = {"NPROC": str(threads)}  # XLA's CPU client sizes its thread pool from NPROC
     defaults = {"OMP_NUM_THREADS": str(threads), "JAX_PLATFORMS": "cpu"}
     return Binding(local_rank, local_size, source, "cpu", None, "", threads, me.affinity,
-                   env, defaults, tuple(notes))
+                   env, defaults, tuple(notes), cpu_isa_flags(me))
+
+
+# XLA compiles CPU code for the instruction set of the machine it runs on, and the vector width
+# decides the last bits: with AVX-512 the same Rastrigin block gave other bits inside a fused
+# generation than in a program of its own (CMA-ES's ask/evaluate/tell against advance(1)), where
+# AVX2 gave equal bits. One instruction set for every x86-64 machine keeps a run's bits the same
+# whatever CPU each rank has (clusters mix generations of nodes); AVX2 is the newest that all of
+# them have had since 2015. A user who sets xla_cpu_max_isa in XLA_FLAGS keeps that choice.
+CPU_ISA = "AVX2"
+
+
+def cpu_isa_flags(me: Probe) -> tuple[str, ...]:
+    if me.machine.lower() not in ("x86_64", "amd64") or "xla_cpu_max_isa" in me.xla_flags:
+        return ()
+    return (f"--xla_cpu_max_isa={CPU_ISA}",)
 
 
 def cpu_list(cpus: Sequence[int]) -> str:

@@ -172,6 +172,10 @@ def bind(ctx: ParallelContext, device: str = "auto", threads: int | str = 1,
     os.environ.update(b.env)
     for k, v in b.env_defaults.items():
         os.environ.setdefault(k, v)
+    present = os.environ.get("XLA_FLAGS", "")
+    extra = [f for f in b.xla_flags if f.split("=")[0] not in present]
+    if extra:
+        os.environ["XLA_FLAGS"] = " ".join([present, *extra]).strip()
     ctx.binding, ctx.device_kind, ctx.device = b, b.kind, b.device
     ctx.local_rank, ctx.local_rank_source = b.local_rank, b.local_rank_source
     return ctx

@@ -45,6 +45,7 @@ def describe(ctx: ParallelContext) -> dict[str, Any] | None:
         "versions": versions(),
         "ranks": ranks,
         "job_notes": [n for n in [oversubscription(ctx)] if n],
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 
@@ -69,6 +70,7 @@ def render(info: dict[str, Any] | None) -> str:
         f"MPI standard  {info['mpi_standard']}",
         f"ranks         {info['size']} on {len(info['hosts'])} host(s): {', '.join(info['hosts'])}",
         f"JAX backend   {info['jax_backend']}",
+        f"XLA flags     {info.get('xla_flags') or '(none)'}",
         f"h5py MPI      {'yes' if info['h5py_mpi'] else 'NO (parallel checkpoints unavailable)'}",
         "versions      " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if k != "mpi"),
         "",
