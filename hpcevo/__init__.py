@@ -16,6 +16,8 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
     hpcevo.run(cfg, hooks=[...], stop_when=[hpcevo.hooks.Target(1e-6)])   # hooks at log boundaries
     arch = hpcevo.Archipelago([CSO(...), DE(...)], problem, ctx,   # islands, the same way
                               hpcevo.Migration(every=20, migrants=5)).init(seed=0)
+    result = hpcevo.study("examples/study.toml", resume=True)   # many runs on groups of ranks
+    groups = hpcevo.parallel.split(ctx, ranks_per_group=2)      # groups of your own
 
 Protocols: ``Algorithm``, ``Problem``, ``HostProblem``. Errors: ``ConfigError``, ``UsageError``,
 ``CheckpointError``, ``CheckpointDamaged``, ``DivergenceError``, ``UserCodeExit``. Names load on
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
                    problems as problems)
     from .algorithms.base import Algorithm as Algorithm
     from .algorithms.migration import Migration as Migration
-    from .api import load_config as load_config, run as run
+    from .api import load_config as load_config, load_study as load_study, run as run, study as study
     from .config import RunConfig as RunConfig
     from .driver.archipelago import Archipelago as Archipelago
     from .driver.loop import Loop as Loop
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 _NAMES = {
     "load_config": "hpcevo.api",
     "run": "hpcevo.api",
+    "load_study": "hpcevo.api",
+    "study": "hpcevo.api",
     "open_run": "hpcevo.driver.result",
     "Result": "hpcevo.driver.result",
     "RunRecord": "hpcevo.driver.result",

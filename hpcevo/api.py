@@ -31,7 +31,7 @@ from .parallel import ParallelContext, agreed, init
 from .problems.base import HostProblem, Problem
 from .problems.user import Named, held_name
 
-__all__ = ["load_config", "open_run", "run"]
+__all__ = ["load_config", "load_study", "open_run", "run", "study"]
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
@@ -124,6 +124,74 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     with rundir.speaking(options.face):
         summary, history = execute(ctx, cfg, held, options, observers)
     return Result(summary, history, Path(cfg.out_dir))
+
+
+def load_study(source: str | os.PathLike | Mapping[str, Any]):
+    """A study from its TOML file (or a dict of its tables), expanded into its runs
+    (``study.runs``: name, configuration, problem, seed, config) and checked: every run's config
+    through the schema, and what ``load_config`` checks once per distinct program. Builds no
+    problem and starts no MPI. Raises ``ConfigError`` naming the file, the run and the key."""
+    from .studies.spec import load_study as load
+
+    if not isinstance(source, (str, os.PathLike, Mapping)):
+        raise UsageError("load_study: 'source' must be the path of a study file or a dict of its tables, got "
+                         f"{type(source).__name__}")
+    return load(dict(source) if isinstance(source, Mapping) else os.fspath(source))
+
+
+def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = False, overwrite: bool = False,
+          retry_failed: bool = False, quiet: bool = False, deadline: str | float | None = None,
+          stop: StopSource | None = None, stream: TextIO | None = None, part: tuple[int, int] | None = None):
+    """Run a study on every rank of the job (collective): the job is split into groups of the
+    study's ``ranks_per_run`` ranks, which take its runs from a queue, longest first, until none
+    is left. Each run is an ordinary run directory under the study's ``out``, bitwise the run
+    its config gives alone. ``source``: a study file, a dict of its tables, or ``load_study``'s
+    result. Returns a ``StudyResult`` (status, counts, the runs' records, idle share) on every
+    rank once every run of this launch has ended and the journal is written.
+
+    ``resume`` continues a study (done runs are skipped, interrupted ones resume from their
+    checkpoints, at any rank count and ``ranks_per_run``; ``retry_failed``: failed ones run again);
+    ``overwrite`` starts it again. A stop signal or ``deadline`` stops every group's run with a
+    checkpoint (status "stopped"); a run that fails on its own is recorded as failed and the
+    others go on. ``part=(i, k)``: only the runs whose index is i modulo k (an array task's
+    share; each share keeps a journal of its own). ``quiet``, ``stop``, ``stream``: as for ``run``.
+    """
+    from .studies.runner import StudyOptions, run_study
+    from .studies.spec import Study
+
+    world = _job(ctx)
+
+    def inputs() -> tuple[Study, StudyOptions]:
+        RunOptions.checked("study", overwrite=overwrite, resume=resume, quiet=quiet, deadline=deadline, stop=stop,
+                           stream=stream)
+        schema.check(bool, retry_failed, "retry_failed", "study")
+        if retry_failed and not resume:
+            raise UsageError("study: retry_failed applies when a study is resumed (resume=True)")
+        got = source if isinstance(source, Study) else load_study(source)
+        return got, StudyOptions(resume, overwrite, retry_failed, quiet, deadline, stop, stream, _part(part),
+                                 rundir.face())
+
+    def canonical(given: tuple[Study, StudyOptions]) -> str:
+        s, o = given
+        return json.dumps({"name": s.name, "out": str(s.out), "ranks_per_run": s.ranks_per_run,
+                           "runs": [(r.name, r.data) for r in s.runs], "resume": o.resume, "overwrite": o.overwrite,
+                           "retry_failed": o.retry_failed, "deadline": o.deadline, "part": o.part},
+                          sort_keys=True, default=repr)
+
+    got, options = agreed(world, "hpcevo.study's input", inputs, canonical)
+    if ctx is None:
+        par = got.runs[0].config().parallel
+        ctx = init(par.device, par.threads_per_rank, par.share_gpus)
+    return run_study(ctx, got, options)
+
+
+def _part(part: Any) -> tuple[int, int] | None:
+    if part is None:
+        return None
+    if (not isinstance(part, (tuple, list)) or len(part) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in part) or not 0 <= part[0] < part[1]):
+        raise UsageError(f"study: 'part' must be (i, k) with 0 <= i < k (slice i of k), got {schema.short(part)}")
+    return int(part[0]), int(part[1])
 
 
 def _named(problem: Any, name: Any) -> Any:

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="PNG to write (default RUN_DIR/convergence.png; several runs: "
                       "comparison.png beside the first)")
     _jobs_parser(sub)
+    _study_parser(sub)
     model = sub.add_parser("model", help="project step time and parallel efficiency to many ranks (no MPI needed)")
     model.add_argument("--pop", type=int, required=True, help="candidates evaluated per generation")
     model.add_argument("--eval-ms", type=float, required=True, help="milliseconds to evaluate one candidate")
@@ -95,6 +96,8 @@ def _jobs_parser(sub) -> None:
     g.add_argument("--srun-mpi", default="pmi2", help="srun --mpi plugin: pmi2 (default) | pmix")
     g.add_argument("--launcher-args", default="", help="extra launcher arguments, one string")
     g.add_argument("--seeds", help="job array for a seed sweep: FIRST-LAST[:STEP]; index = seed")
+    g.add_argument("--study", action="store_true", help="CONFIG is a study file: the job runs the study")
+    g.add_argument("--array", type=int, metavar="K", help="with --study: K array tasks, task i runs slice i of K")
     g.add_argument("--output", help="job log path (scheduler patterns allowed)")
     g.add_argument("--job-name", help="default: run.name")
     g.add_argument("--python", help="interpreter in the job (default: this one)")
@@ -108,6 +111,34 @@ def _jobs_parser(sub) -> None:
     render.add_argument("-o", dest="out", help="write to this file (default: stdout)")
     submit = verbs.add_parser("submit", parents=[common], help="render, then sbatch/qsub; print the job id")
     submit.add_argument("-o", dest="out", help="script file (default: <job name>.sbatch or .pbs here)")
+
+
+STUDY_VERBS = ("run", "plan", "status", "report")
+
+
+def _study_parser(sub) -> None:
+    study = sub.add_parser("study", help="many runs in one job: seeds x algorithms x problems x settings "
+                           "(hpcevo study FILE runs it; plan, status, report)")
+    verbs = study.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    run = verbs.add_parser("run", help="run the study's runs on groups of ranks (collective; the default verb)")
+    run.add_argument("study", help="study file, TOML")
+    run.add_argument("--resume", action="store_true", help="continue: skip done runs, resume interrupted ones")
+    run.add_argument("--overwrite", action="store_true", help="start the study again from nothing")
+    run.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again")
+    run.add_argument("--slice", metavar="I/K", help="run only slice I of K (runs whose index is I modulo K)")
+    run.add_argument("--deadline", metavar="WHEN", help="checkpoint every run and exit 75 before this (as hpcevo run)")
+    run.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    plan = verbs.add_parser("plan", help="list the runs a study file expands into, checked (no MPI)")
+    plan.add_argument("study", help="study file, TOML")
+    plan.add_argument("--json", action="store_true", help="one JSON record per run")
+    status = verbs.add_parser("status", help="done, failed, stopped, running and pending runs (no MPI)")
+    status.add_argument("study", help="study file, TOML")
+    report = verbs.add_parser("report", help="statistics, tables and figures of a study's runs (no MPI)")
+    report.add_argument("study", help="study file, TOML")
+    report.add_argument("-o", "--output", help="directory to write (default: <study out>/report)")
+    report.add_argument("--baseline", help="configuration the others are compared with (default: study.baseline, "
+                        "else the first)")
+    report.add_argument("--target", type=float, help="success threshold for every problem (default: the study's)")
 
 
 def _run_options(p: argparse.ArgumentParser, resume: bool) -> None:
@@ -164,6 +195,20 @@ def _run(ctx, args) -> int:
         result = run(cfg, ctx=ctx, overwrite=getattr(args, "overwrite", False), resume=args.resume,
                      quiet=args.quiet, deadline=args.deadline)
     return EXIT_STOPPED if result.status == "stopped" else 0
+
+
+def _study(ctx, args) -> int:
+    from .studies import tools
+
+    if args.verb != "run":
+        return tools.main(args)  # (offline: one process reads the files)
+    from .api import study
+    from .driver.rundir import speaking
+
+    with speaking("cli"):
+        result = study(args.study, resume=args.resume, overwrite=args.overwrite, retry_failed=args.retry_failed,
+                       quiet=args.quiet, deadline=args.deadline, part=tools.parse_slice(args.slice))
+    return result.exit_code
 
 
 def _model(ctx, args) -> int:
@@ -260,7 +305,11 @@ def _job_request(args):
 def main(argv: list[str] | None = None) -> int:
     argv_list = sys.argv[1:] if argv is None else list(argv)
     # Job scripts are written and models run on login nodes, where MPI_Init may not work.
-    offline = argv_list[:1] in (["jobs"], ["model"])
+    if argv_list[:1] == ["study"] and len(argv_list) > 1 and argv_list[1] not in (*STUDY_VERBS, "-h", "--help"):
+        argv_list.insert(1, "run")  # hpcevo study FILE: the study is run
+    # (plan, status and report read files: no MPI, as on a login node)
+    offline = argv_list[:1] in (["jobs"], ["model"]) or (argv_list[:1] == ["study"] and argv_list[1:2] in (
+        ["plan"], ["status"], ["report"]))
     if offline and _launcher_rank() > 0:
         return 0  # started by a launcher anyway: rank 0 alone writes, submits and speaks
     ctx = None if offline else _discover()
@@ -300,7 +349,7 @@ def _main(ctx, argv_list: list[str]) -> int:
         args = build_parser().parse_args(argv_list)
         args.argv = argv_list
         handler = {"run": _run, "resume": _run, "info": _info, "inspect": _inspect, "plot": _plot, "jobs": _jobs,
-                   "model": _model}
+                   "model": _model, "study": _study}
         return handler[args.command](ctx, args)
     except SystemExit as e:  # --help
         return int(e.code or 0)

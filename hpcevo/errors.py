@@ -5,6 +5,7 @@
     2   bad input: config, argument, run directory, checkpoint that does not fit the config
     3   replicas of the algorithm state diverged between ranks
     4   a checkpoint could not be written (disk full, directory not writable)
+    5   a study ended with runs that failed on their own (recorded in its journal); the others ran
     75  stopped early on a signal or deadline after writing a checkpoint: requeue and --resume
         (75 is EX_TEMPFAIL of sysexits.h: "temporary failure, the user is invited to retry")
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 EXIT_STOPPED = 75
+EXIT_RUNS_FAILED = 5
 
 
 class UsageError(Exception):

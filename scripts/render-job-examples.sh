@@ -20,3 +20,6 @@ render pbs examples/cso.toml --nodes 2 --gpus-per-node 4 --time 12:00:00 --accou
 render pbs examples/cso.toml --nodes 2 --ranks-per-node 8 --cpus-per-rank 16 \
   --set parallel.threads_per_rank=16 --time 1-00:00:00 --queue workq --seeds 0-9 \
   --python .venv/bin/python -o jobs/pbs-cpu-2nodes-seeds.pbs
+# A study bigger than one allocation on Slurm: 4 array tasks, task i runs slice i of the 120 runs.
+render slurm examples/study.toml --study --array 4 --nodes 1 --ranks-per-node 16 --time 02:00:00 \
+  --account myproject --partition cpu --python .venv/bin/python -o jobs/slurm-study-array.sbatch

@@ -9,6 +9,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -219,3 +220,25 @@ def test_api_examples_run_as_written_on_this_jobs_ranks(ctx, shared_tmp, script,
     summary = shared_tmp / script.stem / "summary.json"
     if ctx.is_root and summary.exists():
         assert json.loads(summary.read_text())["ranks"] == ctx.size
+
+
+@pytest.mark.single_process
+def test_a_float32_run_is_the_same_after_a_float64_run_and_under_a_scripts_x64(tmp_path, alone):
+    """A run computes in its dtype's JAX mode and leaves the process's as it found it: a float32
+    run after a float64 one (a study's group, a script's loop), or in a script that turned
+    64-bit types on for itself, is the float32 run a fresh process makes."""
+    def digest(dtype: str, name: str) -> str:
+        cfg = {"run": {"seed": 1, "generations": 5, "out": str(tmp_path / name), "dtype": dtype},
+               "algorithm": {"name": "de", "pop_size": 9}, "problem": {"name": "rastrigin", "dim": 3}}
+        return hpcevo.run(cfg, ctx=alone, quiet=True).digest
+
+    first = digest("float32", "a")
+    digest("float64", "b")
+    assert not jax.config.jax_enable_x64
+    assert digest("float32", "c") == first
+    jax.config.update("jax_enable_x64", True)
+    try:
+        assert digest("float32", "d") == first
+        assert jax.config.jax_enable_x64  # (the script's own setting, as it left it)
+    finally:
+        jax.config.update("jax_enable_x64", False)

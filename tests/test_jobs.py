@@ -224,7 +224,7 @@ def test_rendered_examples_in_jobs_are_current(monkeypatch):
     """jobs/*: the README's 2-node examples, exactly what `hpcevo jobs render` writes today."""
     monkeypatch.chdir(ROOT)  # the recorded commands use paths relative to the repository
     paths = sorted((ROOT / "jobs").glob("*.[sp]b*"))
-    assert len(paths) == 4
+    assert len(paths) == 5
     for path in paths:
         first = path.read_text().splitlines()
         cmd = next(ln for ln in first if "rendered by: hpcevo jobs render" in ln).split("rendered by: hpcevo ")[1]

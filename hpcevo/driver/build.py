@@ -316,13 +316,30 @@ def dump(d: dict[str, Any]) -> str:
 
 
 
-# -- JAX, before the first computation ----------------------------------------------------------
-def prepare_jax(cfg: RunConfig) -> None:
-    """float64 runs need JAX's 64-bit mode on before any array of theirs exists."""
-    if cfg.run.dtype == "float64":
-        import jax
+def program_key(cfg: RunConfig) -> str:
+    """What decides the pieces a run builds and the programs it compiles: the config but for
+    the seed (data to the programs), how long and where it runs, how it logs and checkpoints."""
+    import json
 
-        jax.config.update("jax_enable_x64", True)
+    d = cfg.model_dump()
+    for key in ("seed", "name", "out", "generations", "reevaluate"):
+        d["run"].pop(key, None)
+    for section in ("log", "checkpoint"):
+        d.pop(section, None)
+    return json.dumps(d, sort_keys=True, default=repr)
+
+
+# -- JAX, before the first computation ----------------------------------------------------------
+def jax_mode(cfg: RunConfig):
+    """The JAX mode a run computes in, for the run's duration (a context manager): 64-bit types
+    on for float64 runs, off for float32 ones, whatever the process had on before. The mode
+    changes the bits of a float32 run (integer draws are 64-bit with it on: DE, GA and JADE gave
+    other digests), so a float32 run after a float64 one in the same process (a study's group,
+    a script's loop) or in a script that turned it on for its own use is the run the command
+    line makes alone. (Thread-local: the run's own thread computes in it.)"""
+    import jax
+
+    return jax.enable_x64(cfg.run.dtype == "float64")
 
 
 # Eviction keeps the cache bounded and makes JAX lock it (filelock), so ranks and concurrent jobs

@@ -49,6 +49,10 @@ class RunOptions:
     stop: StopSource | None = None
     stream: TextIO | None = None
     face: str = "api"
+    # Pieces built for earlier runs of this process, by program (build.program_key): a study's
+    # group passes one dict to all its runs, and runs of one program share problem, algorithm
+    # and so their compiled programs (loop.device_engine). None: build everything.
+    reuse: dict | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def checked(cls, where: str, **given: Any) -> "RunOptions":
@@ -107,6 +111,12 @@ def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(), options: 
     observers and stop criteria at log boundaries (``hpcevo.hooks``); a criterion that ends the
     run makes it "complete" early, with ``stopped_by`` in the summary.
     """
+    with build.jax_mode(cfg):
+        return _execute(ctx, cfg, held, options, hooks)
+
+
+def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions,
+             hooks: Hooks) -> tuple[dict[str, Any], dict[str, Any]]:
     run = Run.start(ctx, cfg, held, options)
     run.hooks = hooks
     G = cfg.run.generations
@@ -156,8 +166,7 @@ class Run:
     @classmethod
     def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
         """Build, prepare the run directory, find the checkpoint to resume from, compile."""
-        build.prepare_jax(cfg)
-        parts = Built.of(ctx, cfg, held)
+        parts = Built.of(ctx, cfg, held, options.reuse)
         if cfg.run.reevaluate and getattr(parts.problem, "num_objectives", 1) > 1:
             raise ConfigError(f"run.reevaluate = {cfg.run.reevaluate}: problem {parts.problem.name} has "
                               f"{parts.problem.num_objectives} objectives; re-evaluating 'the best' needs one "
@@ -371,18 +380,27 @@ class Built:
         self.compile_cache, self.cache_note = compile_cache
 
     @classmethod
-    def of(cls, ctx: ParallelContext, cfg: RunConfig, held: Held) -> "Built":
-        problem = algorithm = islands = cache = None
-        # Building imports and traces the user's code (a problem by import path, a function held
-        # in Python), which may fail, or end its process, on some ranks only.
-        with collective_stage(ctx), user_code(ctx, f"problem '{cfg.problem.name or 'problem='}'"):
-            cache = build.enable_compile_cache(cfg)
-            problem = build.build_problem(cfg, held.problem, host=held.host, held_algorithm=held.algorithm)
-            algorithm = build.build_algorithm(cfg, problem, held.algorithm)
-            if cfg.islands is not None:
-                islands = build.build_islands(cfg, problem, algorithm)
+    def of(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, reuse: dict | None = None) -> "Built":
+        """``reuse``: pieces built before, by program (``RunOptions.reuse``); what is built is
+        added to it."""
+        key = build.program_key(cfg) if reuse is not None and held.problem is None and held.algorithm is None else None
+        if key is not None and key in reuse:
+            problem, algorithm, islands, exact, cache = reuse[key]
+        else:
+            problem = algorithm = islands = cache = None
+            # Building imports and traces the user's code (a problem by import path, a function
+            # held in Python), which may fail, or end its process, on some ranks only.
+            with collective_stage(ctx), user_code(ctx, f"problem '{cfg.problem.name or 'problem='}'"):
+                cache = build.enable_compile_cache(cfg)
+                problem = build.build_problem(cfg, held.problem, host=held.host, held_algorithm=held.algorithm)
+                algorithm = build.build_algorithm(cfg, problem, held.algorithm)
+                if cfg.islands is not None:
+                    islands = build.build_islands(cfg, problem, algorithm)
+            exact = build.probe_batch_size(cfg, problem, algorithm)
+            if key is not None and not problem.host:  # (a host problem holds threads and processes)
+                reuse[key] = (problem, algorithm, islands, exact, cache)
         resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)
-        return cls(problem, algorithm, resolved, build.probe_batch_size(cfg, problem, algorithm), cache, islands)
+        return cls(problem, algorithm, resolved, exact, cache, islands)
 
 
 def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> Loop | Archipelago:

@@ -103,9 +103,8 @@ class Loop:
             self.engine = HostEngine(algorithm, problem, ctx, microbatch=mb, batch_size=bs,
                                      concurrency=opts["concurrency"], schedule=opts["schedule"], penalty=opts["penalty"])
         else:
-            self.engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=mb, batch_size=bs,
-                                       with_generation=problem.wants_generation,
-                                       recorder=recorder if recorder is not None else recorder_for(problem))
+            self.engine = device_engine(algorithm, problem, ctx, mb, bs,
+                                        recorder if recorder is not None else recorder_for(problem))
         self.seed: int | None = None
         self.state: Any = None
         self.generation = 0  # generations completed (1: the initial population evaluated)
@@ -449,6 +448,52 @@ class Loop:
 
 
 _fingerprint = jax.jit(fingerprint)
+
+# Engines (and the programs they compiled) of this process's recent loops. A loop of the same
+# algorithm (its dynamic hyper-parameters are data, so their values do not count), problem,
+# ranks and options takes the engine of an earlier one: a seed sweep in one process (a study's
+# runs, a script that calls hpcevo.run per seed) compiles its programs once. Engines hold no run
+# state: the loop does.
+ENGINES_KEPT = 8
+_ENGINES: list[tuple[tuple, DeviceEngine]] = []
+
+
+def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, microbatch: int | None,
+                  batch_size: int | None, recorder: Any) -> DeviceEngine:
+    """A ``DeviceEngine`` for these pieces: a kept one when an earlier loop had the same."""
+    key = (_static_part(algorithm), problem, ctx, microbatch, batch_size, _recorder_key(recorder))
+    for i, (k, engine) in enumerate(_ENGINES):
+        if _same(k, key):
+            _ENGINES.append(_ENGINES.pop(i))
+            return engine
+    engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
+                          with_generation=problem.wants_generation, recorder=recorder)
+    _ENGINES.append((key, engine))
+    del _ENGINES[:-ENGINES_KEPT]
+    return engine
+
+
+def _static_part(algorithm: Algorithm) -> tuple:
+    dynamic = params_of(algorithm)
+    return (type(algorithm), tuple((f.name, getattr(algorithm, f.name)) for f in dataclasses.fields(algorithm)
+                                   if f.name not in dynamic))
+
+
+def _recorder_key(recorder: Any) -> tuple:
+    arrays = tuple(None if a is None else (a.shape, a.tobytes())
+                   for a in (getattr(recorder, "ref_point", None), getattr(recorder, "ref_front", None)))
+    return (type(recorder), getattr(recorder, "m", 1), arrays)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    # The context by identity (its communicators are compiled in); the rest by value where a
+    # value comparison is defined, else by identity (a problem holding arrays).
+    if a[2] is not b[2]:
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not the same
+        return False
 
 
 def _array_text(a: jax.Array) -> str:

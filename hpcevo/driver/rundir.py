@@ -56,7 +56,7 @@ def face() -> str:
 def option(name: str, face: str | None = None) -> str:
     """A flag of ``hpcevo run`` as ``face`` (default: the one speaking now) passes it:
     ``--resume``, or ``resume=True``."""
-    return f"--{name}" if (face or _FACE.get()) == "cli" else f"{name}=True"
+    return f"--{name.replace('_', '-')}" if (face or _FACE.get()) == "cli" else f"{name}=True"
 
 
 @dataclasses.dataclass(frozen=True)

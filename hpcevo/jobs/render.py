@@ -45,6 +45,8 @@ class JobRequest:
     srun_mpi: str = "pmi2"
     launcher_args: str = ""
     seeds: str | None = None  # array spec: 0-9, 0-9:2 (Slurm also 1,5,7)
+    study: bool = False  # config is a study file: the job runs `hpcevo study run` on it
+    array: int | None = None  # a study as this many array tasks, each running its slice of the runs
     output: str | None = None  # log file
     job_name: str | None = None
     python: str = sys.executable
@@ -111,6 +113,7 @@ class Plan:
     seconds: int
     launcher: str
     seeds: list[int] | None
+    array: str | None = None  # the scheduler's array range (a seed sweep's, or a study's slices)
 
     @property
     def nranks(self) -> int:
@@ -123,7 +126,8 @@ def plan(req: JobRequest) -> Plan:
 
     if req.scheduler not in SCHEDULERS:
         raise UsageError(f"scheduler {req.scheduler!r}: allowed: {', '.join(SCHEDULERS)}")
-    cfg = load_config(req.config, req.overrides)  # ConfigError names the file and the key
+    study = _study_of(req)
+    cfg = study.runs[0].config() if study else load_config(req.config, req.overrides)  # ConfigError names the key
     for value, option in ((req.nodes, "--nodes"), (req.signal_margin, "--signal-margin")):
         if value < 1:
             raise UsageError(f"{option} {value}: must be at least 1")
@@ -184,7 +188,38 @@ def plan(req: JobRequest) -> Plan:
         raise UsageError(f"job name {job_name!r}: PBS needs it to start with a letter (--job-name)")
     _check_texts(req)
     seeds = _seed_indices(req.seeds, req.scheduler) if req.seeds else None
-    return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds)
+    if study is not None:
+        _check_study(req, study, req.nodes * rpn)
+        array = f"0-{req.array - 1}" if req.array else None
+        return Plan(req, study.name, str(study.out), rpn, cpus, seconds, launcher, None, array)
+    return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds, req.seeds)
+
+
+def _study_of(req: JobRequest):
+    """The study ``req.config`` holds (with --study), checked; None for a run config."""
+    if not req.study:
+        if req.array is not None:
+            raise UsageError("--array splits a study into array tasks: add --study (the file is a study file)")
+        return None
+    from ..studies.spec import load_study
+
+    if req.seeds:
+        raise UsageError("--seeds makes a seed sweep of a run config; a study sets its seeds itself (study.seeds)")
+    if req.overrides:
+        raise UsageError("--set changes a run config; change the study file's [base] or axes instead")
+    if req.array is not None and (req.array < 1 or (req.scheduler == "pbs" and req.array < 2)):
+        raise UsageError(f"--array {req.array}: must be at least {2 if req.scheduler == 'pbs' else 1} "
+                         f"(array tasks{', as PBS counts subjobs' if req.scheduler == 'pbs' else ''})")
+    return load_study(req.config)
+
+
+def _check_study(req: JobRequest, study, nranks: int) -> None:
+    rpr = study.ranks_per_run
+    if nranks < rpr or nranks % rpr:
+        raise UsageError(f"{nranks} rank(s) per job for study.ranks_per_run = {rpr}: a job's ranks are split into "
+                         f"groups of {rpr}, so make them a multiple of it (--nodes, --ranks-per-node)")
+    if req.array and req.array > len(study.runs):
+        raise UsageError(f"--array {req.array}: the study has {len(study.runs)} runs, fewer than array tasks")
 
 
 def _check_texts(req: JobRequest) -> None:
@@ -211,7 +246,7 @@ def _check_texts(req: JobRequest) -> None:
 def _directives(p: Plan) -> list[str]:
     r = p.req
     name = r.job_name or p.name
-    array = p.seeds is not None
+    array = p.array is not None
     if r.scheduler == "slurm":
         lines = [
             f"--job-name={name}",
@@ -232,7 +267,7 @@ def _directives(p: Plan) -> list[str]:
         lines += [f"--{k}={v}" for k, v in (("account", r.account), ("partition", r.partition),
                                               ("qos", r.qos)) if v]
         if array:
-            lines.append(f"--array={r.seeds}")
+            lines.append(f"--array={p.array}")
         return [f"#SBATCH {x}" for x in lines]
     chunk = f"select={r.nodes}:ncpus={p.ranks_per_node * p.cpus_per_rank}:mpiprocs={p.ranks_per_node}"
     chunk += f":ompthreads={p.cpus_per_rank}"
@@ -243,7 +278,7 @@ def _directives(p: Plan) -> list[str]:
         lines.append(f"-o {r.output}")
     lines += [f"-{k} {v}" for k, v in (("A", r.account), ("q", r.queue)) if v]
     if array:
-        lines.append(f"-J {r.seeds}")
+        lines.append(f"-J {p.array}")
     return [f"#PBS {x}" for x in lines]
 
 
@@ -280,17 +315,34 @@ def _launch(p: Plan) -> list[str]:
 
 def _array_args(p: Plan) -> list[str]:
     var = '"$SLURM_ARRAY_TASK_ID"' if p.req.scheduler == "slurm" else '"$INDEX"'
+    if p.req.study:
+        return ["--slice", f"{var}/{p.req.array}"] if p.req.array else []
     args = ["--set", f"run.seed={var}", "--set", f"run.name={quote(p.name + '-seed')}{var}"]
     if p.out:
         args += ["--set", f"run.out={quote(p.out + '-seed')}{var}"]
     return args
 
 
+def _what(p: Plan) -> str:
+    if p.req.study:
+        return f"the study below (its runs on groups of ranks) on {p.nranks} ranks"
+    return f"the config below on {p.nranks} ranks"
+
+
+def _array_note(p: Plan) -> str:
+    """The header's line on what an array job does (none for a study run whole)."""
+    task = "task" if p.req.scheduler == "slurm" else "subjob"
+    if p.req.study:
+        return (f"# An array job splits the study: {task} i runs slice i of {p.req.array} (the runs whose index\n"
+                "# is i modulo that); `hpcevo study report` reads them all." if p.req.array else "")
+    return f"# An array job is a seed sweep: {task} i runs seed i as run \"{p.name}-seed<i>\"."
+
+
 def render(req: JobRequest) -> str:
     """The job script for ``req``; raises UsageError for an inconsistent request."""
     p = plan(req)
     r = p.req
-    run_args = ["run", r.config]
+    run_args = ["study", "run", r.config] if r.study else ["run", r.config]
     for o in r.overrides:
         run_args += ["--set", o]
     # --resume: a requeued job continues, a first one starts fresh. --deadline: Slurm's warning
@@ -309,6 +361,8 @@ def render(req: JobRequest) -> str:
         "environment": "\n".join(_environment(p)),
         "prologue": "\n".join(r.prologue) + ("\n" if r.prologue else ""),
         "array_args": " ".join(_array_args(p)),
+        "what": _what(p),
+        "array_note": _array_note(p),
         "launch": " ".join(_launch(p)),
         "job_script": quote(r.script_path) if r.script_path else '""',
         "launch_and_wait": _template("launch.sh").rstrip("\n"),

@@ -1,5 +1,6 @@
 """The only part of hpcevo that knows MPI: ranks, device binding, sharded evaluation, control,
-and host evaluation (tasks over ranks and threads, gathered by index).
+and host evaluation (tasks over ranks and threads, gathered by index); groups of ranks
+(``split``) and a queue that hands tasks to them (``WorkQueue``).
 
 ``init()`` gives a program its ``ParallelContext``: ``rank``, ``size``, ``local_rank``,
 ``device``, ``hosts``, and ``print`` (rank 0 only).
@@ -13,6 +14,7 @@ from .control import (
     agree_on_error,
     agree_same,
     agreed,
+    arrive,
     allgather_obj,
     barrier,
     bcast_from_root,
@@ -24,7 +26,9 @@ from .control import (
 from .es import ShardedESStep
 from .evaluate import ShardedEvaluator, microbatch_rows, shard_of
 from .host import TaskRunner, allgather_rows
+from .groups import Groups, split
 from .job import init
+from .queue import WorkQueue
 
 __all__ = [
     "Binding",
@@ -47,6 +51,8 @@ __all__ = [
     "decide",
     "discover",
     "gather_to_root",
+    "Groups",
+    "arrive",
     "init",
     "mpi_library",
     "ShardedESStep",
@@ -55,5 +61,7 @@ __all__ = [
     "allgather_rows",
     "microbatch_rows",
     "shard_of",
+    "split",
+    "WorkQueue",
     "user_code",
 ]

@@ -59,6 +59,32 @@ class ParallelContext:
             kwargs.setdefault("flush", True)
             print(*args, **kwargs)
 
+    def split(self, color: int | None, key: int | None = None) -> "ParallelContext | None":
+        """The context of this rank's part of the job: the ranks that pass the same ``color``
+        (ordered by ``key``, default their rank here), as ``MPI_Comm_split`` makes them; None for
+        ``color=None`` (this rank takes part in no part). Collective: every rank calls it. What
+        ``run``, ``Loop`` and ``Archipelago`` take, like the job's own context: a run on it is the
+        run alone on that many ranks. (``hpcevo.parallel.split`` makes groups of equal size, with
+        their leaders' point-to-point exchange.)"""
+        from mpi4py import MPI
+
+        from ..errors import UsageError
+
+        def fit(v: Any) -> bool:
+            return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+
+        bad = self.comm_ctl.allreduce(0 if fit(color) and fit(key) else self.rank + 1, op=MPI.MAX)
+        if bad:  # (every rank hears of it: one rank's bad color must not leave the others in Split)
+            raise UsageError(f"ParallelContext.split: 'color' and 'key' must be whole numbers >= 0 (color may be "
+                             f"None), rank {bad - 1} passed something else")
+        sub = self.comm_ctl.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            return context_for(sub)
+        finally:
+            sub.Free()
+
     def abort(self, code: int) -> None:
         """End the whole job now. With one rank a plain exit is cleaner than MPI_Abort's banner."""
         if self.size == 1:

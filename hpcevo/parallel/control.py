@@ -21,6 +21,28 @@ from .context import ParallelContext, real_exit
 
 T = TypeVar("T")
 
+# A rank that waits in a host-side collective (for rank 0 writing files, for a rank still
+# compiling) spins this long, then sleeps between polls: MPICH waits by spinning, and ranks that
+# share cores (more ranks than cores, a study's groups done before the others) would take the
+# cores from the ranks still working. The jitted step's own collectives are not these: they spin.
+SPIN_S = 0.002
+NAP_S = 0.0005
+
+
+def arrive(ctx: ParallelContext) -> None:
+    """Collective: return once every rank has reached this point; a rank that waits long sleeps
+    between polls rather than spinning in MPI."""
+    if ctx.size > 1:
+        wait(ctx.comm_ctl.Ibarrier())
+
+
+def wait(request: Any) -> None:
+    """Complete a non-blocking MPI request: spin ``SPIN_S``, then sleep ``NAP_S`` between polls."""
+    start = time.monotonic()
+    while not request.Test():
+        if time.monotonic() - start > SPIN_S:
+            time.sleep(NAP_S)
+
 
 def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
                    stranded_after: float | None = None) -> BaseException | None:
@@ -43,7 +65,7 @@ def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
     if stranded_after is not None:
         arrived = ctx.comm_ctl.Ibarrier()
         if error is None:
-            arrived.Wait()
+            wait(arrived)
         else:
             deadline = time.monotonic() + stranded_after
             while not arrived.Test():
@@ -51,6 +73,8 @@ def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
                     error.stranded = True
                     return error
                 time.sleep(0.005)
+    else:
+        arrive(ctx)
     # (type, message, the config key of a ConfigError): what it takes to raise it again elsewhere
     report = None if error is None else (type(error).__name__, str(error), getattr(error, "key", ""))
     reports = ctx.comm_ctl.allgather(report)
@@ -198,6 +222,7 @@ def check_replicas(ctx: ParallelContext, fingerprint: np.ndarray, generation: in
         return
     mine = np.ascontiguousarray(fingerprint, dtype=np.uint32)
     everyone = np.empty((ctx.size, mine.size), np.uint32)
+    arrive(ctx)
     ctx.comm_ctl.Allgather(mine, everyone)
     differs = [r for r in range(ctx.size) if not np.array_equal(everyone[r], everyone[0])]
     if differs:
@@ -220,25 +245,34 @@ def agree_max(ctx: ParallelContext, values) -> np.ndarray:
     from mpi4py import MPI
 
     out = np.empty_like(mine)
+    arrive(ctx)
     ctx.comm_ctl.Allreduce(mine, out, op=MPI.MAX)
     return out
 
 
 def allgather_obj(ctx: ParallelContext, obj: Any) -> list[Any]:
-    return ctx.comm_ctl.allgather(obj) if ctx.size > 1 else [obj]
+    if ctx.size == 1:
+        return [obj]
+    arrive(ctx)
+    return ctx.comm_ctl.allgather(obj)
 
 
 def gather_to_root(ctx: ParallelContext, obj: Any) -> list[Any] | None:
-    return ctx.comm_ctl.gather(obj, root=0) if ctx.size > 1 else [obj]
+    if ctx.size == 1:
+        return [obj]
+    arrive(ctx)
+    return ctx.comm_ctl.gather(obj, root=0)
 
 
 def bcast_from_root(ctx: ParallelContext, obj: Any) -> Any:
-    return ctx.comm_ctl.bcast(obj, root=0) if ctx.size > 1 else obj
+    if ctx.size == 1:
+        return obj
+    arrive(ctx)
+    return ctx.comm_ctl.bcast(obj, root=0)
 
 
 def barrier(ctx: ParallelContext) -> None:
-    if ctx.size > 1:
-        ctx.comm_ctl.Barrier()
+    arrive(ctx)
 
 
 @contextlib.contextmanager

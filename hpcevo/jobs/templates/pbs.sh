@@ -2,10 +2,10 @@
 @directives@
 
 # hpcevo batch job for PBS Pro, rendered by: @command@
-# Runs the config below on @nranks@ ranks. PBS sends no warning before the walltime, so the run
+# Runs @what@. PBS sends no warning before the walltime, so the run
 # gets a deadline (@margin@ s before it): the ranks checkpoint and exit 75, and the job submits
-# itself again, after this one, to resume; at most @max_requeues@ times. An array job is a seed
-# sweep: subjob i runs seed i as run "@name@-seed<i>".
+# itself again, after this one, to resume; at most @max_requeues@ times.
+@array_note@
 set -uo pipefail
 cd "${PBS_O_WORKDIR:-.}" || exit 1
 @workdir@
@@ -19,7 +19,7 @@ JOB_SCRIPT=${HPCEVO_JOB_SCRIPT:-@job_script@}
 # -- environment ---------------------------------------------------------------------------
 @environment@
 @prologue@
-# -- seed sweep: the array index is the seed and names the run -----------------------------
+# -- array job: the subjob's index picks its share ------------------------------------------
 INDEX=${PBS_ARRAY_INDEX:-${HPCEVO_ARRAY_INDEX:-}}
 if [ -n "$INDEX" ]; then
   RUN_ARGS+=(@array_args@)

@@ -2,9 +2,10 @@
 @directives@
 
 # hpcevo batch job for Slurm, rendered by: @command@
-# Runs the config below on @nranks@ ranks. At the warning signal (@margin@ s before the time
+# Runs @what@. At the warning signal (@margin@ s before the time
 # limit) the ranks checkpoint and exit 75; the job then requeues itself and resumes, at most
-# @max_requeues@ times. An array job is a seed sweep: task i runs seed i as run "@name@-seed<i>".
+# @max_requeues@ times.
+@array_note@
 set -uo pipefail
 @workdir@
 PYTHON=@python@
@@ -15,7 +16,7 @@ MAX_REQUEUES=@max_requeues@
 # -- environment ---------------------------------------------------------------------------
 @environment@
 @prologue@
-# -- seed sweep: the array index is the seed and names the run -----------------------------
+# -- array job: the task's index picks its share --------------------------------------------
 if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
   RUN_ARGS+=(@array_args@)
 fi

@@ -1,0 +1,283 @@
+"""Running a study: the job split into groups of ``ranks_per_run`` ranks that take runs from a
+queue until none is left. Collective over the job.
+
+Each run is an ordinary run (``driver.execute``) on its group's context, so its directory, its
+digest and its resume are those of the same config run alone at that many ranks. A group keeps
+what it built for one run for the next run of the same program (``RunOptions.reuse``), so a
+seed sweep compiles once per group. Runs are handed out longest first (population x
+generations x dimension), and a group that finishes early takes the next: runs of different
+lengths balance themselves.
+
+A stop signal (SIGTERM, SIGUSR1, SIGINT) or the deadline stops every group's run at its next
+boundary with a checkpoint, no run is started after, and the study ends "stopped" (exit 75):
+``--resume`` continues it at any rank count and any ``ranks_per_run``. A run that fails on its
+own (its problem raises, a config that cannot run) is recorded as failed with its message and
+the others go on; one that cannot write its checkpoint stops the study (the disk is likely full
+for all of them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import EXIT_RUNS_FAILED, EXIT_STOPPED, CheckpointError, DivergenceError, UsageError
+from ..hooks import Hooks
+from ..parallel import (ParallelContext, WorkQueue, agree_max, bcast_from_root, collective_stage, split)
+from ..driver import rundir
+from ..driver.execute import Held, RunOptions, execute
+from ..driver.stopping import StopFlag, StopSource, find_deadline, signal_name
+from .journal import Journal, journal_files, journal_path, states
+from .spec import Study, StudyRun
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    """How a study is launched. ``resume``: continue (skip done runs, resume interrupted ones,
+    start the rest); ``overwrite``: start again from nothing; ``retry_failed`` (with resume):
+    run the failed ones again too; ``part``: (i, k), run only slice i of k (runs whose index is
+    i modulo k: an array task's share); ``deadline``, ``stop``, ``quiet``, ``stream``, ``face``:
+    as for a run (``RunOptions``)."""
+
+    resume: bool = False
+    overwrite: bool = False
+    retry_failed: bool = False
+    quiet: bool = False
+    deadline: str | int | float | None = None
+    stop: StopSource | None = None
+    stream: TextIO | None = None
+    part: tuple[int, int] | None = None
+    face: str = "api"
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyResult:
+    """What a launch of a study did, the same on every rank."""
+
+    status: str  # "complete" (every run done), "failed" (some failed), "stopped" (some not run yet)
+    counts: dict[str, int]  # runs of this launch's share by state (journal.STATES)
+    ran: list[dict[str, Any]]  # this launch's "end" records: run, status, digest, best, seconds, error
+    wall_s: float
+    idle: float  # share of the job's rank-time that no run used (leftover ranks, the tail)
+    out: Path
+    exit_code: int  # 0, EXIT_RUNS_FAILED, EXIT_STOPPED, or CheckpointError's
+
+    def digests(self) -> dict[str, str]:
+        return {r["run"]: r["state_digest"] for r in self.ran if r.get("state_digest")}
+
+
+def run_study(world: ParallelContext, study: Study, options: StudyOptions = StudyOptions()) -> StudyResult:
+    """Run ``study`` (its share ``options.part``) on every rank of ``world``. Collective."""
+    with rundir.speaking(options.face):
+        return _Launch(world, study, options).run()
+
+
+class _Launch:
+    def __init__(self, world: ParallelContext, study: Study, options: StudyOptions):
+        self.world, self.study, self.options = world, study, options
+        k = options.part
+        self.mine = [r for r in study.runs if k is None or r.index % k[1] == k[0]]
+        self.journal: Journal | None = None
+        self.busy = 0.0
+        self.started: dict[int, float] = {}
+        self.ended: list[dict[str, Any]] = []
+        self.todo_count = 0
+        self.fatal: int | None = None
+
+    # -- the launch, collectively ----------------------------------------------------------------
+    def run(self) -> StudyResult:
+        world, study, options = self.world, self.study, self.options
+        if study.ranks_per_run > world.size:
+            raise UsageError(f"{study.name}: study.ranks_per_run = {study.ranks_per_run}, but the job has "
+                             f"{world.size} rank{'s' if world.size != 1 else ''}: start at least "
+                             f"{study.ranks_per_run} (or lower ranks_per_run)")
+        todo: list[int] = []
+        with collective_stage(world):
+            if world.is_root:
+                todo = self._prepare()
+        todo = bcast_from_root(world, todo)
+        groups = split(world, study.ranks_per_run)
+        t0 = time.time()
+        if world.is_root and not options.quiet:
+            self._say(self._banner(len(todo), groups))
+        deadline = find_deadline(world, options.deadline, None, _margin(study), t0)
+        queue = WorkQueue(groups, todo, self._event if world.is_root else None)
+        flag = options.stop if options.stop is not None else StopFlag()
+        with flag:
+            if groups.ctx is not None:
+                self._take_runs(groups.ctx, queue, flag, deadline)
+        left = queue.close()
+        return self._finish(t0, groups, left)
+
+    def _take_runs(self, ctx: ParallelContext, queue: WorkQueue, flag: StopSource, deadline) -> None:
+        outcome: dict[str, Any] | None = None
+        reuse: dict = {}
+        while True:
+            signum, late = agree_max(ctx, [flag.signum, deadline.due()])
+            halt = signal_name(int(signum)) if signum else "the deadline" if late else None
+            if outcome is not None and outcome.get("halt"):
+                halt = halt or outcome["halt"]
+            task = queue.next(outcome, halt)
+            if task is None:
+                return
+            remaining = None if deadline.at is None else max(1.0, deadline.at - time.time())
+            outcome = self._run_one(ctx, self.study.runs[task], flag, remaining, reuse)
+
+    def _run_one(self, ctx: ParallelContext, run: StudyRun, flag: StopSource, remaining: float | None,
+                 reuse: dict) -> dict[str, Any]:
+        o = self.options
+        opts = RunOptions(overwrite=o.overwrite, resume=o.resume, quiet=True, deadline=remaining, stop=flag,
+                          stream=o.stream, face=o.face, reuse=reuse)
+        t = time.time()
+        base = {"run": run.name, "task": run.index}
+        try:
+            summary, _ = execute(ctx, run.config(), Held(), opts, Hooks())
+        except CheckpointError as e:
+            if e.stranded:
+                raise  # the other ranks are stuck inside HDF5: the job must end (see cli)
+            return {**base, "status": "failed", "error": str(e), "wall_s": time.time() - t,
+                    "halt": "a checkpoint could not be written", "fatal": e.exit_code}
+        except (UsageError, DivergenceError) as e:
+            return {**base, "status": "failed", "error": str(e), "wall_s": time.time() - t}
+        out = {**base, "status": summary["status"], "generations": summary["generations"],
+               "evaluations": summary["evaluations"], "best_fitness": summary.get("best_fitness"),
+               "state_digest": summary["state_digest"], "wall_s": time.time() - t}
+        if summary["status"] == "stopped":
+            out["halt"] = summary.get("stopped_by") or "a stop request"
+        return out
+
+    # -- rank 0: what to run, the journal, the voice ------------------------------------------------
+    def _prepare(self) -> list[int]:
+        """The runs this launch must run, longest first; the journal opened."""
+        study, o = self.study, self.options
+        if o.resume and o.overwrite:
+            raise UsageError(f"{rundir.option('overwrite')} and {rundir.option('resume')} exclude each other")
+        found = states(study)
+        mine = {r.index for r in self.mine}
+        here = [s for s in found if s.run.index in mine]
+        path = journal_path(study.out, o.part)
+        if not o.resume and not o.overwrite:
+            begun = [s for s in here if s.state != "pending"]
+            if begun or path.exists():
+                raise UsageError(
+                    f"study directory '{study.out}' already holds this study ({len(begun)} of its {len(here)} runs "
+                    f"begun): {rundir.option('resume')} continues it, {rundir.option('overwrite')} starts it again")
+            todo = here
+        elif o.overwrite:
+            for p in journal_files(study.out):
+                if p == path or o.part is None:
+                    p.unlink()
+            todo = here
+        else:
+            skip = ("done",) if o.retry_failed else ("done", "failed")
+            todo = [s for s in here if s.state not in skip]
+        self.counts_before = {st: sum(s.state == st for s in here) for st in ("done", "failed")}
+        self.journal = Journal(path)
+        self._write_copy()
+        self.journal.write({"event": "study", "time": time.time(), "ranks": self.world.size,
+                            "ranks_per_run": study.ranks_per_run, "runs": len(here), "to_run": len(todo),
+                            "resume": o.resume, "part": list(o.part) if o.part else None})
+        self.todo_count = len(todo)
+        order = sorted(todo, key=lambda s: (-s.run.cost(), s.run.configuration, s.run.problem, s.run.index))
+        return [s.run.index for s in order]
+
+    def _write_copy(self) -> None:
+        """The study file beside its runs, for the record (what ``report`` and ``status`` show)."""
+        src = self.study.path
+        if src is not None and src.is_file():
+            target = self.study.out / "study.toml"
+            if not (target.exists() and target.resolve() == src.resolve()):
+                rundir.write_new(target, src.read_bytes())  # (array tasks may write it at once)
+
+    def _event(self, e: dict[str, Any]) -> None:
+        """The dispatcher's events (rank 0, its thread): the journal and a line per run."""
+        assert self.journal is not None
+        rpr = self.study.ranks_per_run
+        if e["event"] == "start":
+            run = self.study.runs[e["task"]]
+            ranks = list(range(e["group"] * rpr, (e["group"] + 1) * rpr))
+            hosts = sorted({self.world.rank_hosts[r] for r in ranks}) if self.world.rank_hosts else []
+            self.started[e["group"]] = e["time"]
+            self.journal.write({"event": "start", "time": e["time"], "run": run.name, "group": e["group"],
+                                "ranks": ranks, "hosts": hosts})
+        elif e["event"] == "end":
+            self.busy += (e["time"] - self.started.pop(e["group"], e["time"])) * rpr
+            record = {k: v for k, v in e.items() if k not in ("task", "halt")}
+            self.journal.write(record)
+            self.ended.append(record)
+            if e.get("fatal"):
+                self.fatal = self.fatal or int(e["fatal"])
+            if not self.options.quiet:
+                self._say(self._line(record))
+        else:
+            self.journal.write({k: v for k, v in e.items()})
+
+    def _line(self, r: dict[str, Any]) -> str:
+        n, total = len(self.ended), self.todo_count
+        head = f"[{n:>{len(str(total))}}/{total}] {r['status']:<8} {r['run']}"
+        if r["status"] == "failed":
+            return f"{head}: {str(r.get('error', '')).splitlines()[0] if r.get('error') else ''}"
+        best = r.get("best_fitness")
+        value = f"best {best:.4e}" if isinstance(best, (int, float)) else "multi-objective"
+        return f"{head}  {value}  gen {r.get('generations')}  {r['wall_s']:.1f} s  (group {r['group']})"
+
+    def _banner(self, n: int, groups) -> str:
+        s, w = self.study, self.world
+        part = f" (slice {self.options.part[0]} of {self.options.part[1]})" if self.options.part else ""
+        before = getattr(self, "counts_before", {})
+        skipped = ", ".join(f"{v} {k} skipped" for k, v in before.items() if v and (k == "done" or not (
+            self.options.retry_failed or self.options.overwrite)))
+        left = f"; {groups.idle} rank{'s' if groups.idle != 1 else ''} left over" if groups.idle else ""
+        return (f"study {s.name}{part}: {len(self.mine)} runs{' (' + skipped + ')' if skipped else ''}, {n} to run "
+                f"on {w.size} rank{'s' if w.size != 1 else ''} as {groups.count} group"
+                f"{'s' if groups.count != 1 else ''} of {s.ranks_per_run}{left} -> {s.out}")
+
+    def _say(self, text: str, err: bool = False) -> None:
+        stream = sys.stderr if err else (self.options.stream or sys.stdout)
+        print(text, file=stream, flush=True)
+
+    def _finish(self, t0: float, groups, left: list[int]) -> StudyResult:
+        wall = time.time() - t0
+        payload = None
+        if self.world.is_root:
+            found = states(self.study)
+            mine = {r.index for r in self.mine}
+            counts = {st: sum(s.state == st and s.run.index in mine for s in found)
+                      for st in ("done", "failed", "stopped", "running", "pending")}
+            idle = max(0.0, 1.0 - self.busy / max(wall * self.world.size, 1e-9))
+            if self.fatal:
+                code, status = self.fatal, "failed"
+            elif left or counts["stopped"] or counts["running"] or counts["pending"]:
+                code, status = EXIT_STOPPED, "stopped"
+            elif counts["failed"]:
+                code, status = EXIT_RUNS_FAILED, "failed"
+            else:
+                code, status = 0, "complete"
+            assert self.journal is not None
+            self.journal.write({"event": "finished", "time": time.time(), "status": status, "counts": counts,
+                                "wall_s": wall, "idle": idle})
+            self.journal.close()
+            payload = (status, counts, self.ended, idle, code)
+            if not self.options.quiet:
+                self._say(self._closing(status, counts, wall, idle))
+        status, counts, ended, idle, code = bcast_from_root(self.world, payload)
+        return StudyResult(status, counts, ended, wall, idle, self.study.out, code)
+
+    def _closing(self, status: str, counts: dict[str, int], wall: float, idle: float) -> str:
+        text = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        line = f"study {self.study.name}: {text or 'no runs'} in {wall:.1f} s, {idle:.1%} of rank-time idle"
+        if status == "stopped":
+            line += f"; continue with {rundir.option('resume')} (exit code {EXIT_STOPPED})"
+        elif counts.get("failed"):
+            line += (f"; failed runs are in {journal_path(self.study.out, self.options.part)} (run them again: "
+                     f"{rundir.option('resume')} {rundir.option('retry_failed')})")
+        return line
+
+
+def _margin(study: Study) -> float:
+    """The margin before the deadline: the runs' own (``checkpoint.margin_seconds``), the largest."""
+    values = [r.data.get("checkpoint", {}).get("margin_seconds", 60.0) for r in study.runs[:1000]]
+    return float(max((v for v in values if isinstance(v, (int, float))), default=60.0))
