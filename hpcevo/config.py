@@ -295,15 +295,22 @@ def read_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunCo
     """Read a TOML file, apply ``--set`` overrides, check the schema. Raises ConfigError with a
     message fit for the user."""
     path = Path(path)
+    return config_from_dict(read_toml(path), str(path), overrides, default_name=path.stem)
+
+
+def read_toml(path: str | Path, what: str = "config file") -> dict:
+    """A TOML file's data; ConfigError naming ``what`` and the path when it cannot be read (missing,
+    a directory, not UTF-8, not TOML)."""
+    path = Path(path)
     where = str(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' not found") from None
+        raise ConfigError(f"{what} '{path}' not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"config file '{path}' is a directory, not a TOML file") from None
+        raise ConfigError(f"{what} '{path}' is a directory, not a TOML file") from None
     except OSError as e:
-        raise ConfigError(f"config file '{path}' cannot be read: {e.strerror}") from None
+        raise ConfigError(f"{what} '{path}' cannot be read: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -311,10 +318,9 @@ def read_config(path: str | Path, overrides: typing.Sequence[str] = ()) -> RunCo
         raise ConfigError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); "
                           "TOML files are UTF-8: save it as UTF-8") from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}") from None
-    return config_from_dict(data, where, overrides, default_name=path.stem)
 
 
 def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequence[str] = (),

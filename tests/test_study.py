@@ -255,6 +255,7 @@ def test_axes_and_zip_tables_are_shorthands_for_axes():
     ({"axis": [{"key": "algorithm.nmae", "values": [1]}]}, "unknown key 'algorithm.nmae'", "algorithm.nmae"),
     ({"axis": [{"key": "algorithm.name", "values": ["cso", "dee"]}]}, "did you mean 'de'", "algorithm.name"),
     ({"studdy": {}}, "unknown key 'studdy'", "studdy"),
+    ({"base": "no/such/base.toml"}, "base config 'no/such/base.toml' not found", "base"),
 ])
 def test_a_bad_study_is_one_message_naming_the_run_and_the_key(change, message, key):
     data = {"study": {"seeds": 1}, "base": {"algorithm": {"name": "cso"}, "problem": {"name": "sphere", "dim": 3}},

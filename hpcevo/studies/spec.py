@@ -39,14 +39,13 @@ import dataclasses
 import itertools
 import math
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import schema
-from ..config import NAME_PATTERN, RunConfig, config_from_dict
+from ..config import NAME_PATTERN, RunConfig, config_from_dict, read_toml
 from ..errors import ConfigError, UsageError, did_you_mean
 
 # Keys a study sets itself for every run.
@@ -191,7 +190,7 @@ def load_study(source: str | Path | dict, *, check: bool = True) -> Study:
         data, where, path = copy.deepcopy(source), "study", None
     elif isinstance(source, (str, Path)):
         path = Path(source)
-        data, where = _read(path), str(path)
+        data, where = read_toml(path, "study file"), str(path)
     else:
         raise UsageError(f"load_study: 'source' must be the path of a study file or a dict of its tables, got "
                          f"{type(source).__name__}")
@@ -214,23 +213,6 @@ def load_study(source: str | Path | dict, *, check: bool = True) -> Study:
     if check:
         check_runs(study)
     return study
-
-
-def _read(path: Path) -> dict:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"study file '{path}' not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"study file '{path}' is a directory, not a TOML file") from None
-    except OSError as e:
-        raise ConfigError(f"study file '{path}' cannot be read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text; TOML files are UTF-8") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
 
 
 def _validation_text(e: ValidationError) -> str:
@@ -256,11 +238,9 @@ def _base(base: dict | str, path: Path | None, where: str) -> dict:
         if not file.is_absolute() and path is not None:
             file = path.parent / file
         try:
-            return tomllib.loads(file.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{where}: 'base': config file '{file}' not found", "base") from None
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"{where}: 'base': '{file}' cannot be read as TOML ({e})", "base") from None
+            return read_toml(file, "base config")
+        except ConfigError as e:
+            raise ConfigError(f"{where}: 'base': {e}", "base") from None
     return copy.deepcopy(base)
 
 
