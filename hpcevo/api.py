@@ -126,8 +126,9 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     return Result(summary, history, Path(cfg.out_dir))
 
 
-def load_study(source: str | os.PathLike | Mapping[str, Any]):
-    """A study from its TOML file (or a dict of its tables), expanded into its runs
+def load_study(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()):
+    """A study from its TOML file (or a dict of its tables), after ``overrides`` (``--set`` on its
+    keys: ``"base.run.generations=20"``, ``"study.seeds=3"``), expanded into its runs
     (``study.runs``: name, configuration, problem, seed, config) and checked: every run's config
     through the schema, and what ``load_config`` checks once per distinct program. Builds no
     problem and starts no MPI. Raises ``ConfigError`` naming the file, the run and the key."""
@@ -136,17 +137,22 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]):
     if not isinstance(source, (str, os.PathLike, Mapping)):
         raise UsageError("load_study: 'source' must be the path of a study file or a dict of its tables, got "
                          f"{type(source).__name__}")
-    return load(dict(source) if isinstance(source, Mapping) else os.fspath(source))
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence) or not all(
+            isinstance(o, str) for o in overrides):
+        raise UsageError("load_study: 'overrides' must be a list of strings such as \"study.seeds=3\", got "
+                         f"{schema.short(overrides)}")
+    return load(dict(source) if isinstance(source, Mapping) else os.fspath(source), list(overrides))
 
 
 def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = False, overwrite: bool = False,
           retry_failed: bool = False, quiet: bool = False, deadline: str | float | None = None,
-          stop: StopSource | None = None, stream: TextIO | None = None, part: tuple[int, int] | None = None):
+          stop: StopSource | None = None, stream: TextIO | None = None, part: tuple[int, int] | None = None,
+          overrides: Sequence[str] = ()):
     """Run a study on every rank of the job (collective): the job is split into groups of the
     study's ``ranks_per_run`` ranks, which take its runs from a queue, longest first, until none
     is left. Each run is an ordinary run directory under the study's ``out``, bitwise the run
-    its config gives alone. ``source``: a study file, a dict of its tables, or ``load_study``'s
-    result. Returns a ``StudyResult`` (status, counts, the runs' records, idle share) on every
+    its config gives alone. ``source``: a study file, a dict of its tables (with ``overrides``
+    as ``load_study`` takes them), or ``load_study``'s result. Returns a ``StudyResult`` (status, counts, the runs' records, idle share) on every
     rank once every run of this launch has ended and the journal is written.
 
     ``resume`` continues a study (done runs are skipped, interrupted ones resume from their
@@ -167,7 +173,10 @@ def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = Fal
         schema.check(bool, retry_failed, "retry_failed", "study")
         if retry_failed and not resume:
             raise UsageError("study: retry_failed applies when a study is resumed (resume=True)")
-        got = source if isinstance(source, Study) else load_study(source)
+        if isinstance(source, Study) and overrides:
+            raise UsageError("study: 'overrides' apply to a study file or dict; load_study(source, overrides) "
+                             "made this one")
+        got = source if isinstance(source, Study) else load_study(source, overrides)
         return got, StudyOptions(resume, overwrite, retry_failed, quiet, deadline, stop, stream, _part(part),
                                  rundir.face())
 

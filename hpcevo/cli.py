@@ -129,12 +129,14 @@ def _study_parser(sub) -> None:
     run.add_argument("--deadline", metavar="WHEN", help="checkpoint every run and exit 75 before this (as hpcevo run)")
     run.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     plan = verbs.add_parser("plan", help="list the runs a study file expands into, checked (no MPI)")
-    plan.add_argument("study", help="study file, TOML")
     plan.add_argument("--json", action="store_true", help="one JSON record per run")
     status = verbs.add_parser("status", help="done, failed, stopped, running and pending runs (no MPI)")
-    status.add_argument("study", help="study file, TOML")
     report = verbs.add_parser("report", help="statistics, tables and figures of a study's runs (no MPI)")
-    report.add_argument("study", help="study file, TOML")
+    for p in (plan, status, report):
+        p.add_argument("study", help="study file, TOML")
+    for p in (run, plan, status, report):
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override a key of the study file, e.g. study.seeds=3, base.run.generations=50")
     report.add_argument("-o", "--output", help="directory to write (default: <study out>/report)")
     report.add_argument("--baseline", help="configuration the others are compared with (default: study.baseline, "
                         "else the first)")
@@ -207,7 +209,8 @@ def _study(ctx, args) -> int:
 
     with speaking("cli"):
         result = study(args.study, resume=args.resume, overwrite=args.overwrite, retry_failed=args.retry_failed,
-                       quiet=args.quiet, deadline=args.deadline, part=tools.parse_slice(args.slice))
+                       quiet=args.quiet, deadline=args.deadline, part=tools.parse_slice(args.slice),
+                       overrides=args.overrides)
     return result.exit_code
 
 

@@ -222,6 +222,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return [k.strip() for k in keys], value
 
 
+def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> dict:
+    """``data`` (a TOML document's tables, changed in place) after the ``--set`` ``overrides``."""
+    for text in overrides:
+        keys, value = parse_override(text)
+        _apply_override(data, keys, value, text)
+    return data
+
+
 def _apply_override(data: dict, keys: list[str], value: Any, text: str) -> None:
     node = data
     for i, k in enumerate(keys[:-1]):
@@ -331,9 +339,7 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
     data = _copy(data)
     if overrides:
         where = f"{where} (with --set {' '.join(overrides)})"
-    for text in overrides:
-        keys, value = parse_override(text)
-        _apply_override(data, keys, value, text)
+    apply_overrides(data, overrides)
     _default_name(data, default_name)
     try:
         cfg = RunConfig.model_validate(data)

@@ -4,7 +4,7 @@ examples, and its config snippets, each a complete config or marked with the exa
 What the command test changes, so that it runs in minutes on a laptop (and nothing else):
 - runs get 10 generations, and an explicit ``run.generations=N`` becomes at most 20 (so
   ``resume ... --set run.generations=5000`` still continues a run); the API scripts get
-  ``--generations 10``;
+  ``--generations 10``; a study, 2 seeds of 20 generations;
 - ``mpiexec -n K`` runs at most 2 ranks (the 1-4-rank equalities are other tests' work);
 - it skips what needs something this suite does not have: ``sbatch``/``qsub`` (a scheduler: see
   tests/test_slurm.py), ``scripts/*.sh`` (the set-up; the first command of "Using it" is the
@@ -66,6 +66,9 @@ def shorten(line: str) -> str:
     if "run.generations" not in line:
         line = line.replace("-m hpcevo run ", "-m hpcevo run --set run.generations=10 ")
     line = re.sub(r"(examples/api_\w+\.py)", r"\1 --generations 10", line)
+    # a study: 2 seeds of 20 generations (every command on it says so, or they would disagree on its runs)
+    line = re.sub(r"(-m hpcevo study (?:(?:plan|status|report|run) )?\S+)",
+                  r"\1 --set study.seeds=2 --set base.run.generations=20", line)
     return line
 
 

@@ -19,15 +19,15 @@ from hpcevo.studies.journal import read_events, states
 from hpcevo.studies.spec import load_study
 
 
-def study_dict(out, *, rpr: int = 1, seeds=2, generations: int = 6, **extra) -> dict:
-    """2 algorithms x 2 problems (one of them float64, so a group computes in both modes) x seeds."""
+def study_dict(out, *, rpr: int = 1, seeds=3, generations: int = 6, **extra) -> dict:
+    """CSO on a float32 sphere and DE on a float64 Rastrigin (one zipped axis: two programs, and a
+    group computes in both JAX modes) x seeds."""
     return {
         "study": {"out": str(out), "seeds": seeds, "ranks_per_run": rpr, **extra},
         "base": {"run": {"generations": generations}, "algorithm": {"pop_size": 8}, "problem": {"dim": 3},
                  "log": {"every": 3}},
-        "axis": [{"key": "algorithm.name", "values": ["cso", "de"]},
-                 {"zip": {"problem.name": ["sphere", "rastrigin"], "run.dtype": ["float32", "float64"]},
-                  "labels": ["sphere", "rastrigin64"]}],
+        "axis": [{"zip": {"algorithm.name": ["cso", "de"], "problem.name": ["sphere", "rastrigin"],
+                          "run.dtype": ["float32", "float64"]}, "labels": ["cso-sphere32", "de-rastrigin64"]}],
     }
 
 
@@ -85,11 +85,11 @@ def test_every_run_of_a_stopped_and_resumed_study_is_the_run_alone(ctx, referenc
         return
     stopped = hpcevo.study(spec, ctx=ctx, quiet=True, stop=StopAtRun(2))
     assert stopped.status == "stopped" and stopped.exit_code == EXIT_STOPPED
-    assert any(r["status"] == "stopped" for r in stopped.ran) and stopped.counts["done"] < 8
+    assert any(r["status"] == "stopped" for r in stopped.ran) and stopped.counts["done"] < 6
     with pytest.raises(UsageError, match="already holds this study"):
         hpcevo.study(spec, ctx=ctx, quiet=True)
     resumed = hpcevo.study(spec, ctx=ctx, quiet=True, resume=True)
-    assert resumed.status == "complete" and resumed.exit_code == 0 and resumed.counts["done"] == 8
+    assert resumed.status == "complete" and resumed.exit_code == 0 and resumed.counts["done"] == 6
     done_before = {r["run"] for r in stopped.ran if r["status"] == "complete"}
     assert done_before and done_before.isdisjoint(r["run"] for r in resumed.ran)  # done runs are not run again
     assert {**{r["run"]: r["state_digest"] for r in stopped.ran if r["status"] == "complete"},
@@ -102,7 +102,7 @@ def test_every_run_of_a_stopped_and_resumed_study_is_the_run_alone(ctx, referenc
     starts = [e for e in events if e["event"] == "start"]
     assert {e["run"] for e in starts} == {r.name for r in study.runs}
     assert all(len(e["ranks"]) == rpr and e["group"] < ctx.size // rpr for e in starts)
-    assert events[-1]["event"] == "finished" and events[-1]["counts"]["done"] == 8
+    assert events[-1]["event"] == "finished" and events[-1]["counts"]["done"] == 6
 
 
 def test_a_run_whose_problem_raises_is_recorded_failed_and_the_others_finish(ctx, shared_tmp):
@@ -222,6 +222,9 @@ def test_a_study_file_expands_into_named_runs(tmp_path):
         "de", {"F": 0.7, "CR": 0.5}, "ackley", 5, 4)
     assert cfg.run.name == de.name and cfg.run.out == str(Path("studies/s/runs") / de.name)
     assert s.by_name("cso__sphere-dim3__s3").config().algorithm_params == {}
+    quick = load_study(tmp_path / "s.toml", ["study.seeds=1", "base.run.generations=7"])  # the CLI's --set
+    assert len(quick.runs) == 4 and quick.runs[0].config().run.generations == 7 and quick.seeds == (0,)
+    assert quick.overrides == ("study.seeds=1", "base.run.generations=7")
 
 
 @pytest.mark.single_process
@@ -355,13 +358,13 @@ def test_the_readmes_study_file_and_the_example_study_are_studies():
 def test_a_context_splits_by_color_like_mpi_comm_split(ctx):
     part = ctx.split(color=ctx.rank % 2)
     assert part.size == (ctx.size + 1 - ctx.rank % 2) // 2 and part.rank == ctx.rank // 2
-    # a Loop on it: the same digest on every rank of the part, and the part's own replica check
+    # what Loop takes (its constructor agrees over the part's ranks; a Loop on a group runs in
+    # test_groups_split_the_job_and_their_leaders_talk)
     from hpcevo.algorithms import CSO
     from hpcevo.problems import make_problem
 
     p = make_problem("sphere", 3)
-    loop = hpcevo.Loop(CSO(pop_size=7, dim=3, lb=p.lb, ub=p.ub), p, part).init(4).advance(2)
-    loop.check_replicas()
+    assert hpcevo.Loop(CSO(pop_size=7, dim=3, lb=p.lb, ub=p.ub), p, part).ctx is part
     solo = ctx.split(color=0 if ctx.rank == 0 else None)  # None: this rank takes part in no part
     assert (solo is None) == (ctx.rank != 0) and (solo is None or solo.size == 1)
     with pytest.raises(UsageError, match="rank 0 passed something else"):

@@ -22,7 +22,7 @@ STUDY = """
 [study]
 name = "{name}"
 out = "{out}"
-seeds = 3
+seeds = {seeds}
 
 [base]
 run.generations = {generations}
@@ -41,8 +41,8 @@ values = ["sphere", "rastrigin"]
 """
 
 
-def write_study(path: Path, out: Path, generations: int = 400) -> Path:
-    path.write_text(STUDY.format(name=path.stem, out=out, generations=generations))
+def write_study(path: Path, out: Path, generations: int = 300, seeds: int = 2) -> Path:
+    path.write_text(STUDY.format(name=path.stem, out=out, generations=generations, seeds=seeds))
     return path
 
 
@@ -64,12 +64,15 @@ def test_a_study_stopped_by_sigterm_resumes_at_another_rank_count_to_the_same_di
     r = hpcevo(None, "study", str(whole), "-q", timeout=600)  # one rank, no launcher, never stopped
     assert r.returncode == 0, r.stderr
     want = digests(tmp_path / "whole")
-    assert len(want) == 12
+    assert len(want) == 8
 
     cut = write_study(tmp_path / "cut.toml", tmp_path / "cut")
+    # MPICH's mpiexec may exit 0 after forwarding a signal although the ranks exited 75; rank 0
+    # also writes its code where HPCEVO_EXIT_FILE says (what the job scripts read, jobs/templates)
+    exit_file = tmp_path / "exit-code"
     proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "hpcevo", "study", str(cut)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-                            start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**clean_env(), "HPCEVO_EXIT_FILE": str(exit_file)}, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while len(ends(tmp_path / "cut")) < 3:
@@ -81,10 +84,10 @@ def test_a_study_stopped_by_sigterm_resumes_at_another_rank_count_to_the_same_di
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 75, err
+    assert exit_file.read_text().strip() == "75" and proc.returncode in (75, 0), err
     assert "continue with --resume" in out and "Traceback" not in err
     done_before = {e["run"] for e in ends(tmp_path / "cut") if e["status"] == "complete"}
-    assert 3 <= len(done_before) < 12
+    assert 3 <= len(done_before) < 8
     assert any(e["status"] == "stopped" for e in ends(tmp_path / "cut"))
 
     status = hpcevo(None, "study", "status", str(cut))
@@ -95,20 +98,20 @@ def test_a_study_stopped_by_sigterm_resumes_at_another_rank_count_to_the_same_di
     assert r.returncode == 0, r.stderr
     assert digests(tmp_path / "cut") == want
     resumed = {e["run"] for e in ends(tmp_path / "cut")[before:]}
-    assert len(resumed) == 12 - len(done_before) and not done_before & resumed  # done runs were not run again
+    assert len(resumed) == 8 - len(done_before) and not done_before & resumed  # done runs were not run again
     assert "done skipped" in r.stdout and "3 ranks" in r.stdout
 
     status = hpcevo(None, "study", "status", str(cut))
-    assert status.returncode == 0 and "12 done" in status.stdout
+    assert status.returncode == 0 and "8 done" in status.stdout
     rep = hpcevo(None, "study", "report", str(cut))
     assert rep.returncode == 0, rep.stderr
     for name in ("table.md", "table.csv", "stats.json", "convergence.png", "ecdf.png", "final.png"):
         assert (tmp_path / "cut" / "report" / name).stat().st_size > 0
-    assert "| cso | 3 |" in rep.stdout and "Friedman" not in rep.stdout  # two configurations: no Friedman
+    assert "| cso | 2 |" in rep.stdout and "Friedman" not in rep.stdout  # two configurations: no Friedman
 
 
 def test_study_commands_speak_once_and_exit_2_on_bad_input(tmp_path):
-    study = write_study(tmp_path / "s.toml", tmp_path / "s", generations=5)
+    study = write_study(tmp_path / "s.toml", tmp_path / "s", generations=5, seeds=3)
     r = hpcevo(None, "study", "plan", str(study))
     assert r.returncode == 0 and "12 runs = 2 configuration(s) x 2 problem(s) x 3 seed(s)" in r.stdout
     assert "de__rastrigin__s2" in r.stdout

@@ -179,7 +179,8 @@ class _Launch:
         self._write_copy()
         self.journal.write({"event": "study", "time": time.time(), "ranks": self.world.size,
                             "ranks_per_run": study.ranks_per_run, "runs": len(here), "to_run": len(todo),
-                            "resume": o.resume, "part": list(o.part) if o.part else None})
+                            "resume": o.resume, "part": list(o.part) if o.part else None,
+                            "overrides": list(study.overrides)})
         self.todo_count = len(todo)
         order = sorted(todo, key=lambda s: (-s.run.cost(), s.run.configuration, s.run.problem, s.run.index))
         return [s.run.index for s in order]

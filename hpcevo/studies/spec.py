@@ -40,12 +40,12 @@ import itertools
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import schema
-from ..config import NAME_PATTERN, RunConfig, config_from_dict, read_toml
+from ..config import NAME_PATTERN, RunConfig, apply_overrides, config_from_dict, read_toml
 from ..errors import ConfigError, UsageError, did_you_mean
 
 # Keys a study sets itself for every run.
@@ -163,6 +163,7 @@ class Study:
     baseline: str | None
     targets: dict[str, float]  # per problem label (the study's target where none is given)
     target: float | None
+    overrides: tuple[str, ...] = ()  # the --set it was loaded with
 
     @property
     def configurations(self) -> list[str]:
@@ -182,10 +183,11 @@ class Study:
         raise KeyError(name)
 
 
-def load_study(source: str | Path | dict, *, check: bool = True) -> Study:
-    """The study in a TOML file (or a dict of its tables), expanded into its runs, every run's
-    config checked (``check``: also what ``load_config`` checks, once per distinct program).
-    ConfigError names the file, the run and the key."""
+def load_study(source: str | Path | dict, overrides: Sequence[str] = (), *, check: bool = True) -> Study:
+    """The study in a TOML file (or a dict of its tables), after ``overrides`` (``--set`` on the
+    study file's keys: ``"base.run.generations=20"``, ``"study.seeds=3"``), expanded into its
+    runs, every run's config checked (``check``: also what ``load_config`` checks, once per
+    distinct program). ConfigError names the file, the run and the key."""
     if isinstance(source, dict):
         data, where, path = copy.deepcopy(source), "study", None
     elif isinstance(source, (str, Path)):
@@ -194,6 +196,11 @@ def load_study(source: str | Path | dict, *, check: bool = True) -> Study:
     else:
         raise UsageError(f"load_study: 'source' must be the path of a study file or a dict of its tables, got "
                          f"{type(source).__name__}")
+    if isinstance(data.get("base"), str):  # (read first, so that --set base.run.generations=... applies)
+        data["base"] = _base(data["base"], path, where)
+    if overrides:
+        apply_overrides(data, overrides)
+        where = f"{where} (with --set {' '.join(overrides)})"
     try:
         spec = StudyFile.model_validate(data)
     except ValidationError as e:
@@ -208,7 +215,7 @@ def load_study(source: str | Path | dict, *, check: bool = True) -> Study:
     out = Path(spec.study.out) if spec.study.out else Path("studies") / name
     runs = _expand(base, axes, seeds, out, where)
     study = Study(name, path, out, spec.study.ranks_per_run, seeds, axes, runs, spec.study.baseline,
-                  dict(spec.study.targets), spec.study.target)
+                  dict(spec.study.targets), spec.study.target, tuple(overrides))
     _check_report_keys(study, where)
     if check:
         check_runs(study)
@@ -220,8 +227,10 @@ def _validation_text(e: ValidationError) -> str:
     for err in e.errors():
         loc = ".".join(str(p) for p in err["loc"] if not schema.is_union_tag(p))
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown key '{loc}' (a study file has [study], [base], [[axis]] tables (key and values, "
-                         "or zip; labels, role, set), and the shorthands [axes] and [zip])")
+            parts = [p for p in err["loc"] if not schema.is_union_tag(p)]
+            model = {"study": StudySection, "axis": Axis}.get(str(parts[0]), StudyFile) if len(parts) > 1 else StudyFile
+            valid = list(model.model_fields)
+            lines.append(f"unknown key '{loc}'{did_you_mean(parts[-1], valid, 0.5)} (valid: {', '.join(valid)})")
         else:
             lines.append(f"'{loc}': {err['msg']}")
     return "; ".join(dict.fromkeys(lines))

@@ -23,7 +23,7 @@ def parse_slice(text: str | None) -> tuple[int, int] | None:
 
 
 def main(args: Any) -> int:
-    study = load_study(args.study)
+    study = load_study(args.study, args.overrides)
     if args.verb == "plan":
         print(plan_text(study, as_json=args.json))
         return 0
