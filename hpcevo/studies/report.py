@@ -343,8 +343,9 @@ def _ecdf(plt, runs, configs, problems, colors, name):
     low = min(float(r.evals[0]) for r in runs if r.evals.size)
     grid = np.logspace(math.log10(max(low / 2, 1.0)), math.log10(max(top, 2 * low, 10.0)), 200)
     for c in configs:
-        hits, pairs = [], 0
+        hits, pairs, budget = [], 0, 0.0
         for r in (r for r in runs if r.configuration == c):
+            budget = max(budget, float(r.evals[-1]) if r.evals.size else 0.0)
             for t in targets[r.problem]:
                 pairs += 1
                 reached = np.flatnonzero(r.best <= t)
@@ -352,14 +353,16 @@ def _ecdf(plt, runs, configs, problems, colors, name):
                     hits.append(float(r.evals[reached[0]]))
         if not pairs:
             continue
-        hits_sorted = np.sort(hits)
-        share = np.searchsorted(hits_sorted, grid, side="right") / pairs
-        ax.step(grid, share, where="post", color=colors[c], lw=1.8, label=f"{c}")
+        x = np.append(grid[grid < budget], budget)  # (a curve ends where its runs' budget ends: the cross)
+        share = np.searchsorted(np.sort(hits), x, side="right") / pairs
+        ax.step(x, share, where="post", color=colors[c], lw=1.8, label=f"{c}")
+        ax.plot([budget], [share[-1]], marker="x", color=colors[c], ms=9, mew=2)
     ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("evaluations")
     ax.set_ylabel("share of (run, target) pairs reached")
-    ax.set_title(f"{name}: runtime distribution over {len(problems)} problem(s), {TARGETS} targets each")
+    ax.set_title(f"{name}: runtime distribution over {len(problems)} problem(s), {TARGETS} targets each "
+                 "(x: the runs' budget)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=9, loc="lower right")
     return fig

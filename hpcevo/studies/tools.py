@@ -76,6 +76,6 @@ def status_text(study: Study) -> tuple[str, int]:
             if len(some) > 50:
                 lines.append(f"  ... and {len(some) - 50} more")
     if counts["done"] < len(found):
-        lines += ["", "continue with: hpcevo study run FILE --resume"
+        lines += ["", f"continue with: hpcevo study run {study.path or 'FILE'} --resume"
                   + (" --retry-failed" if counts["failed"] else "")]
     return "\n".join(lines), 0 if counts["done"] == len(found) else 1
