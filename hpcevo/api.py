@@ -152,8 +152,9 @@ def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = Fal
     study's ``ranks_per_run`` ranks, which take its runs from a queue, longest first, until none
     is left. Each run is an ordinary run directory under the study's ``out``, bitwise the run
     its config gives alone. ``source``: a study file, a dict of its tables (with ``overrides``
-    as ``load_study`` takes them), or ``load_study``'s result. Returns a ``StudyResult`` (status, counts, the runs' records, idle share) on every
-    rank once every run of this launch has ended and the journal is written.
+    as ``load_study`` takes them), or ``load_study``'s result. Returns a ``StudyResult``
+    (status, counts, the runs' records, idle share) on every rank once every run of this launch
+    has ended and the journal is written.
 
     ``resume`` continues a study (done runs are skipped, interrupted ones resume from their
     checkpoints, at any rank count and ``ranks_per_run``; ``retry_failed``: failed ones run again);

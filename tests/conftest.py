@@ -158,11 +158,9 @@ class References:
 def _idle_until_all_arrive(comm) -> None:
     # MPICH's blocking collectives spin; sleeping on a non-blocking barrier leaves the cores to
     # the rank that is working (2 cores, up to 4 ranks in CTest).
-    import time
+    from hpcevo.parallel.control import wait
 
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(0.01)
+    wait(comm.Ibarrier())
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,16 @@ def wait(request: Any) -> None:
             time.sleep(NAP_S)
 
 
+def receive(comm: Any, source: int, tag: int) -> Any:
+    """The next object ``source`` sends with ``tag`` on ``comm`` (point to point), waiting as
+    ``wait`` does: spin ``SPIN_S``, then sleep between polls."""
+    start = time.monotonic()
+    while not comm.Iprobe(source=source, tag=tag):
+        if time.monotonic() - start > SPIN_S:
+            time.sleep(NAP_S)
+    return comm.recv(source=source, tag=tag)
+
+
 def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
                    stranded_after: float | None = None) -> BaseException | None:
     """Share each rank's outcome of a step; return the first rank's error, on every rank.

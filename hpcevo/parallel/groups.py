@@ -15,7 +15,6 @@ Ranks beyond the last whole group (``size % ranks_per_group``) belong to no grou
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 from ..errors import UsageError
@@ -59,10 +58,10 @@ class Groups:
     def recv(self, source: int) -> Any:
         """What group ``source``'s leader sent to this group's leader. Called by leaders only;
         waits, sleeping between polls, so a waiting rank leaves its core to the others."""
+        from .control import receive
+
         self._check_leader("recv", source)
-        while not self.leaders.Iprobe(source=source, tag=_TAG_USER):
-            time.sleep(0.001)
-        return self.leaders.recv(source=source, tag=_TAG_USER)
+        return receive(self.leaders, source, _TAG_USER)
 
     def bcast(self, obj: Any) -> Any:
         """``obj`` from the group's leader, on every rank of the group (collective in the group)."""

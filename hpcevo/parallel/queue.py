@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
-from .control import agree_on_error, arrive, bcast_from_root
+from .control import agree_on_error, arrive, bcast_from_root, receive
 from .groups import Groups
 
 _REQUEST, _REPLY = 31, 32
@@ -61,7 +61,7 @@ class WorkQueue:
             if self._halted_here:
                 return None
             self.comm.send(("next", self.groups.index, outcome, halt), dest=0, tag=_REQUEST)
-            task = _wait_recv(self.comm, 0, _REPLY)
+            task = receive(self.comm, 0, _REPLY)
             self._halted_here = task is None
         return bcast_from_root(self.groups.ctx, task)
 
@@ -80,12 +80,6 @@ class WorkQueue:
         if error is not None:
             raise error
         return left
-
-
-def _wait_recv(comm: Any, source: int, tag: int) -> Any:
-    while not comm.Iprobe(source=source, tag=tag):
-        time.sleep(POLL_S / 4)
-    return comm.recv(source=source, tag=tag)
 
 
 class _Dispatcher(threading.Thread):
