@@ -57,7 +57,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], overrides: Sequen
 
 def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: Any = None,
         problem_name: str | None = None, algorithm: Algorithm | None = None, host: bool | None = None,
-        ctx: ParallelContext | None = None, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+        batched: bool | None = None, ctx: ParallelContext | None = None, overwrite: bool = False, resume: bool = False, quiet: bool = False,
         deadline: str | float | None = None, stop: StopSource | None = None, stream: TextIO | None = None,
         hooks: Hook | Sequence[Hook] | None = None, stop_when: Hook | Sequence[Hook] | None = None) -> Result:
     """Run ``config`` on every rank of the job (collective: every rank calls it alike).
@@ -65,7 +65,9 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     ``problem``: a JAX function you hold (of one candidate, ``(dim,) -> ()``, or of a block,
     ``(n, dim) -> (n,)``) or a problem object, in place of the config's ``[problem]`` name; its
     dim and bounds come from the config, else from the object, else from ``algorithm``. With
-    ``host=True`` it is NumPy code, evaluated on the host. ``algorithm``: an algorithm object
+    ``host=True`` it is NumPy code, evaluated on the host. ``batched``: the function takes a block
+    (True) or one candidate (False), as ``problem.batched`` says in a config (unset: a JAX
+    function's shapes tell; a NumPy function is taken as a block function). ``algorithm``: an algorithm object
     (``hpcevo.algorithms.CSO(...)``) in place of the config's ``[algorithm]`` section. What they
     were is recorded in the run's resolved config, so ``resume`` works for them from Python.
 
@@ -112,9 +114,14 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
                                      stop=stop, stream=stream, face=rundir.face())
         if host is not None:
             schema.check(bool, host, "host", "run")
+        cfg = _config(config)
+        if batched is not None:
+            schema.check(bool, batched, "batched", "run")
+            problem_section = cfg.problem.model_copy(update={"batched": bool(batched)})
+            cfg = cfg.model_copy(update={"problem": problem_section}).with_source(cfg.source)
         if algorithm is not None:
             arguments.checked_algorithm(algorithm, "run")
-        return (_config(config), Held(_named(problem, problem_name), algorithm, schema.plain(host)), options,
+        return (cfg, Held(_named(problem, problem_name), algorithm, schema.plain(host)), options,
                 Hooks.checked("run", hooks, stop_when))
 
     cfg, held, options, observers = agreed(world, "hpcevo.run's input", inputs, _canonical, arguments.differ)

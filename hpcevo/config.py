@@ -47,6 +47,15 @@ class RunSection(_Section):
     # Noisy problems: the best is evaluated this many times more, on draws no generation used,
     # and their mean reported as the best (0: the best as seen). Changes the report, not the run.
     reevaluate: schema.Reevaluations = 0
+    # An evaluation budget: the run ends after the generation in which its evaluations (the rows
+    # the algorithm uses) reach this many. Without run.generations, generations do not limit it.
+    evaluations: Annotated[int, Field(ge=1)] | None = None
+    # A target fitness: the run ends at the generation whose best so far is <= this
+    # (single-objective). Both are checked after every generation, inside the compiled loop.
+    target: float | None = None
+    # The same relative to the problem's optimal value, where it is known (BBOB, CEC 2022, the
+    # classic functions): the run ends when best - f_opt <= this (COCO's final target: 1e-8).
+    target_precision: Annotated[float, Field(ge=0)] | None = None
 
 
 class AlgorithmSection(_Section):
@@ -341,12 +350,28 @@ def config_from_dict(data: dict, where: str = "config", overrides: typing.Sequen
         where = f"{where} (with --set {' '.join(overrides)})"
     apply_overrides(data, overrides)
     _default_name(data, default_name)
+    _budget_defaults(data)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as e:
         raise _format_validation(e, RunConfig, where, data) from None
     _check_bounds(cfg, where)
     return cfg.with_source(where)
+
+
+def _budget_defaults(data: dict) -> None:
+    run, problem = data.get("run"), data.get("problem")
+    if not isinstance(run, dict):
+        return
+    budget = run.get("evaluations")
+    if "generations" not in run and isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1:
+        # Every generation uses at least one evaluation: the budget bounds the generations.
+        run["generations"] = min(budget, schema.INT32_MAX)
+    if isinstance(problem, dict) and problem.get("name") == "bbob" and "dtype" not in run:
+        # BBOB's optima lie away from zero and its targets reach f - f_opt = 1e-8, with f_opt of
+        # order 100: float32 cannot even represent such differences there (its spacing at 100 is
+        # 7.6e-6).
+        run["dtype"] = "float64"
 
 
 def _default_name(data: dict, name: str | None) -> None:

@@ -100,7 +100,7 @@ SRC_FLAGS=()
 say "installing jax, numpy, build tools and the problems' libraries"
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
   setuptools wheel cython pkgconfig nanobind pytest pytest-timeout mypy tensorboardX cma \
-  gymnax six flax opfunu minionpy pymoo moocore
+  gymnax six flax opfunu minionpy pymoo moocore coco-experiment cocopp
 
 say "building mpi4py against $MPICC_PATH"
 env CC="$MPICC" MPICC="$MPICC" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \

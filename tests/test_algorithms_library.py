@@ -392,7 +392,7 @@ def test_pso_coefficient_draws(mode):
 
 # -- config errors ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo,extra,message", [
-    ("cmaes", {"restart": "bipop"}, "'algorithm.restart'"),
+    ("cmaes", {"restart": "lpop"}, "'algorithm.restart'"),
     ("cmaes", {"lambda0": 8}, "lambda0 applies only with restart = 'ipop'"),
     ("cmaes", {"restart": "ipop", "lambda0": 40}, "exceeds pop_size"),
     ("openes", {}, "even pop_size"),

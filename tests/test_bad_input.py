@@ -313,8 +313,8 @@ def test_algorithm_objects_are_checked_as_the_config_checks_them():
         assert e.value.key == key and key in str(e.value)
     with pytest.raises(hpcevo.ConfigError, match="phi must be in"):
         CSO(pop_size=8, dim=3, lb=-1.0, ub=1.0, phi=3.0)
-    with pytest.raises(hpcevo.ConfigError, match="'restart': input should be 'none' or 'ipop'"):
-        CMAES(pop_size=8, dim=3, lb=-1.0, ub=1.0, restart="bipop")
+    with pytest.raises(hpcevo.ConfigError, match="'restart': input should be 'none', 'ipop' or 'bipop'"):
+        CMAES(pop_size=8, dim=3, lb=-1.0, ub=1.0, restart="lpop")
 
 
 def test_migration_is_checked_as_the_islands_section_is():

@@ -82,6 +82,14 @@ class Algorithm(Protocol):
         """Generation 1's tell (default: ``tell``)."""
         return self.tell(state, fitness)
 
+    def rows_used(self, state: State) -> Any:
+        """How many leading rows of the batch just asked (``state``: after ``ask``) the strategy
+        uses; the rest are samples its update ignores (IPOP/BIPOP-CMA-ES ask for their largest
+        population every generation, one program for every restart). Only used rows count as
+        evaluations, can be the best so far, or reach COCO's logger; a host problem evaluates
+        only them. None: all of them."""
+        return None
+
     def population(self, state: State) -> tuple[jax.Array, jax.Array]:
         """The current population and its fitness, ``(pop, dim)`` and ``(pop,)`` (``(pop, m)``
         for m objectives). Strategies that keep a search distribution rather than a population
@@ -114,9 +122,9 @@ class BaseAlgorithm(Algorithm):
         where = type(self).__name__
         for name, kind in self.field_types().items():
             value = getattr(self, name)
-            if name in ("lb", "ub"):
+            if name in ("lb", "ub") or (name == "x0" and value is not None):
                 value = _box(where, name, value, self.dim)
-            else:
+            elif name != "x0":
                 value = schema.check(kind, value, name, where)
             object.__setattr__(self, name, value)
         for i, (lo, hi) in enumerate(zip(self.lb, self.ub)):
@@ -130,7 +138,8 @@ class BaseAlgorithm(Algorithm):
         """Each constructor argument's type as the schema checks it (the base fields' own
         ranges; a hyper-parameter's annotation, e.g. ``float`` or ``Literal["none", "ipop"]``)."""
         hints = typing.get_type_hints(cls)
-        base = {"pop_size": schema.PopSize, "dim": schema.Dim, "dtype": schema.DType, "lb": None, "ub": None}
+        base = {"pop_size": schema.PopSize, "dim": schema.Dim, "dtype": schema.DType, "lb": None, "ub": None,
+                "x0": typing.Optional[typing.Union[float, list[float]]]}
         return {f.name: base[f.name] if f.name in base else hints[f.name]
                 for f in dataclasses.fields(cls) if f.init}
 
@@ -180,6 +189,14 @@ class BaseAlgorithm(Algorithm):
     def uniform_in_bounds(self, key: jax.Array, n: int) -> jax.Array:
         lb, ub = self.bounds()
         return lb + (ub - lb) * jax.random.uniform(key, (n, self.dim), self.dtype)
+
+    def initial_mean(self, key: jax.Array) -> jax.Array:
+        """Where a strategy with a mean starts: ``x0`` when the algorithm has one and it is given
+        (COCO and pycma hand an initial solution), else uniform in the box."""
+        x0 = getattr(self, "x0", None)
+        if x0 is not None:
+            return jnp.asarray(x0, self.dtype)
+        return self.uniform_in_bounds(key, 1)[0]
 
     def width(self) -> jax.Array:
         """Per-coordinate width of the search box, ub - lb."""

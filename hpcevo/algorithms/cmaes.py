@@ -10,14 +10,20 @@
 [AH05] A. Auger and N. Hansen, "A Restart CMA Evolution Strategy With Increasing Population
       Size", IEEE CEC 2005, pp. 1769-1776. IPOP: on stagnation, restart with a fresh mean and
       twice the population (Sec. 2: the stopping criteria and the factor 2).
+[H09] N. Hansen, "Benchmarking a BI-Population CMA-ES on the BBOB-2009 Function Testbed",
+      GECCO 2009 workshop on black-box optimization benchmarking, pp. 2389-2396. BIPOP:
+      restarts alternate between IPOP's growing populations and small populations with a
+      random smaller step size, each regime given a comparable share of the evaluations. The
+      rules follow pycma's ``fmin(bipop=True)`` (its budget accounting and random draws), the
+      reference implementation a BBOB user compares with.
 
-Restarts and one compiled program. XLA compiles fixed shapes, but IPOP changes lambda. Here
+Restarts and one compiled program. XLA compiles fixed shapes, but IPOP and BIPOP change lambda. Here
 ``pop_size`` is the largest lambda the run may use: every generation asks for ``pop_size`` rows,
 and only the first ``lam`` (a traced integer in the state) take part in the update; the others
 are ordinary samples of the same distribution whose fitness the update ignores. What it costs:
-the inactive rows are evaluated (the workflow's evaluation count is pop_size per generation,
-while ``CMAState.evals`` counts the ones the strategy used), and the O(pop_size * n^2) sampling
-runs at full size from the first restart on. What it buys: one program for the whole run, so it
+the inactive rows of a JAX problem are evaluated, though they count nowhere (``rows_used``: the
+run's evaluation count, its best so far and COCO's data see only the first ``lam`` rows, and a
+host problem evaluates only those), and the O(pop_size * n^2) sampling runs at full size. What it buys: one program for the whole run, so it
 runs replicated on every rank with no recompilation or host round trip at a restart, and every
 rank count gives bitwise the same run (everything is data, nothing is shape). The alternatives
 were a host-side loop that rebuilds the workflow per restart (recompiles each restart and
@@ -63,14 +69,22 @@ class CMAState(NamedTuple):
     restarts: jax.Array  # int32
     evals: jax.Array  # int32, evaluations the strategy used (active rows only)
     history: jax.Array  # (H,) best fitness of the latest generations, newest first (IPOP TolFun)
+    # Restart bookkeeping (BIPOP; IPOP reads sigma0 and max_gen only):
+    sigma0: jax.Array  # () the current run's initial step size (TolX is relative to it)
+    max_gen: jax.Array  # int32, generations the current run may take (a small BIPOP run's budget)
+    regime: jax.Array  # int32, 0: the first run or a small-population run; 1: a large one
+    large_runs: jax.Array  # int32, large-population runs started
+    spent: jax.Array  # (2,) int32, evaluations used by small (with the first) and large runs
+    run_start: jax.Array  # int32, evals when the current run started
 
 
 @dataclasses.dataclass(frozen=True)
 class _CMABase(BaseAlgorithm):
     sigma_init: float = 0.3
-    restart: Literal["none", "ipop"] = "none"
-    lambda0: int = 0  # first lambda with restart = "ipop"; 0: 4 + floor(3 ln n) [H16, Eq. 48]
+    restart: Literal["none", "ipop", "bipop"] = "none"
+    lambda0: int = 0  # first lambda with restarts; 0: 4 + floor(3 ln n) [H16, Eq. 48]
     clip: bool = False
+    x0: tuple[float, ...] | None = None  # the first run's mean (default: uniform in the box)
 
     # [AH05] stopping criteria (TolFun and TolX from their Sec. 2; 1e-12 as there).
     tol_fun = 1e-12
@@ -80,27 +94,47 @@ class _CMABase(BaseAlgorithm):
     def __post_init__(self) -> None:
         super().__post_init__()
         _es.check_positive(sigma_init=self.sigma_init)
-        if self.restart not in ("none", "ipop"):
-            raise ConfigError(f"restart must be 'none' or 'ipop', got {self.restart!r}")
+        if self.restart not in ("none", "ipop", "bipop"):
+            raise ConfigError(f"restart must be 'none', 'ipop' or 'bipop', got {self.restart!r}")
         if self.restart == "none" and self.lambda0:
-            raise ConfigError("lambda0 applies only with restart = 'ipop' (pop_size is lambda otherwise)")
+            raise ConfigError("lambda0 applies only with restart = 'ipop' or 'bipop' (pop_size is lambda otherwise)")
         if self.lam_start < 2:
             raise ConfigError(f"the population (lambda) must be >= 2, got {self.lam_start}")
         if self.lam_start > self.pop_size:
             raise ConfigError(
-                f"lambda0 = {self.lam_start} exceeds pop_size = {self.pop_size}; with restart = 'ipop', "
-                "pop_size is the largest population the restarts may grow to"
+                f"lambda0 = {self.lam_start} exceeds pop_size = {self.pop_size}; with restart = "
+                f"'{self.restart}', pop_size is the largest population the restarts may grow to"
             )
+
+    # Restarts that double lambda at most this many times by default (pycma's advice for BIPOP:
+    # restarts <= 9): pop_size defaults to lambda0 * 2^9 with restarts.
+    default_doublings = 9
 
     @property
     def default_lambda(self) -> int:
         return 4 + int(3 * math.log(self.dim))
 
+    @classmethod
+    def default_pop_size(cls, dim: int, params: dict) -> int:
+        """pop_size when a config gives none: lambda = 4 + floor(3 ln n) [H16, Eq. 48]; with
+        restarts, the largest lambda they may reach, lambda0 * 2^9."""
+        lam = int(params.get("lambda0") or 0) or 4 + int(3 * math.log(dim))
+        return lam * 2**cls.default_doublings if params.get("restart", "none") != "none" else lam
+
     @property
     def lam_start(self) -> int:
-        if self.restart == "ipop":
+        if self.restart != "none":
             return self.lambda0 or self.default_lambda
         return self.pop_size
+
+    @property
+    def max_gen_default(self) -> int:
+        """A run's generations at most (BIPOP): pycma's default maxiter for the first lambda,
+        100 + 150 (n + 3)^2 / sqrt(lambda0)."""
+        return int(100 + 150 * (self.dim + 3) ** 2 / math.sqrt(self.lam_start))
+
+    def rows_used(self, state: CMAState):
+        return state.lam if self.restart != "none" else None
 
     def _history_len(self) -> int:
         return 10 + math.ceil(30 * self.dim / self.lam_start)
@@ -133,7 +167,7 @@ class _CMABase(BaseAlgorithm):
         C, B, D = self._fresh_cov()
         return CMAState(
             key=key,
-            mean=self.uniform_in_bounds(k_mean, 1)[0],
+            mean=self.initial_mean(k_mean),
             sigma=jnp.asarray(self._scales()[0], dt),
             C=C, B=B, D=D,
             p_sigma=jnp.zeros((n,), dt),
@@ -145,6 +179,12 @@ class _CMABase(BaseAlgorithm):
             restarts=jnp.asarray(0, jnp.int32),
             evals=jnp.asarray(0, jnp.int32),
             history=jnp.full((self._history_len(),), jnp.inf, dt),
+            sigma0=jnp.asarray(self._scales()[0], dt),
+            max_gen=jnp.asarray(self.max_gen_default if self.restart == "bipop" else 2**31 - 1, jnp.int32),
+            regime=jnp.asarray(0, jnp.int32),
+            large_runs=jnp.asarray(0, jnp.int32),
+            spent=jnp.zeros((2,), jnp.int32),
+            run_start=jnp.asarray(0, jnp.int32),
         )
 
     def ask(self, state: CMAState) -> tuple[jax.Array, CMAState]:
@@ -215,14 +255,14 @@ class _CMABase(BaseAlgorithm):
             gen=state.gen + 1, evals=state.evals + state.lam,
             history=jnp.roll(state.history, 1).at[0].set(jnp.min(jnp.where(active, fitness, jnp.inf))),
         )
-        if self.restart == "ipop":
+        if self.restart != "none":
             new = self._maybe_restart(new, fitness, active)
         return new
 
     # -- IPOP ------------------------------------------------------------------------------------
     def _should_stop(self, s: CMAState, fitness: jax.Array, active: jax.Array) -> jax.Array:
         n = self.dim
-        sigma0 = self._scales()[0]
+        sigma0 = s.sigma0
         hist_len = 10 + jnp.ceil(30 * n / s.lam.astype(self.dtype)).astype(jnp.int32)
         recent = jnp.arange(s.history.shape[0]) < hist_len
         h_max = jnp.max(jnp.where(recent, s.history, -jnp.inf))
@@ -243,34 +283,74 @@ class _CMABase(BaseAlgorithm):
         no_axis = jnp.all(s.mean == s.mean + 0.1 * s.sigma * along)
         no_coord = jnp.any(s.mean == s.mean + 0.2 * s.sigma * jnp.sqrt(diag))
         broken = ~(jnp.isfinite(s.sigma) & jnp.all(jnp.isfinite(s.C)) & jnp.all(jnp.isfinite(s.mean)))
-        return tol_fun | tol_x | condition | no_axis | no_coord | broken
+        return tol_fun | tol_x | condition | no_axis | no_coord | broken | (s.gen >= s.max_gen)
 
     def _maybe_restart(self, s: CMAState, fitness: jax.Array, active: jax.Array) -> CMAState:
         stop = self._should_stop(s, fitness, active)
-        key, k_mean = jax.random.split(s.key)
-        lam = jnp.where(2 * s.lam <= self.pop_size, 2 * s.lam, self.pop_size).astype(jnp.int32)
+        if self.restart == "bipop":
+            key, k_mean, k_u = jax.random.split(s.key, 3)
+            lam, sigma0, max_gen, regime, large_runs, spent = self._bipop_next(s, k_u)
+        else:
+            key, k_mean = jax.random.split(s.key)
+            lam = jnp.where(2 * s.lam <= self.pop_size, 2 * s.lam, self.pop_size).astype(jnp.int32)
+            sigma0, max_gen, regime, large_runs, spent = s.sigma0, s.max_gen, s.regime, s.large_runs, s.spent
         C, B, D = self._fresh_cov()
         fresh = s._replace(
             key=key,
             mean=self.uniform_in_bounds(k_mean, 1)[0],
-            sigma=jnp.asarray(self._scales()[0], self.dtype),
+            sigma=sigma0,
             C=C, B=B, D=D,
             p_sigma=jnp.zeros_like(s.p_sigma), p_c=jnp.zeros_like(s.p_c),
             gen=jnp.asarray(0, jnp.int32), lam=lam, restarts=s.restarts + 1,
             history=jnp.full_like(s.history, jnp.inf),
+            sigma0=sigma0, max_gen=max_gen, regime=regime, large_runs=large_runs, spent=spent,
+            run_start=s.evals,
         )
-        # The restart's key is drawn either way, so the key stream never depends on whether a
+        # The restart's keys are drawn either way, so the key stream never depends on whether a
         # restart happened elsewhere than in this select.
         s = s._replace(key=key)
         return jax.tree_util.tree_map(lambda a, b: jnp.where(stop, a, b), fresh, s)
+
+    def _bipop_next(self, s: CMAState, key: jax.Array):
+        """The next run of BIPOP-CMA-ES [H09], as pycma's ``fmin(..., bipop=True)`` chooses it.
+
+        The ended run's evaluations go to its regime's budget (the first run counts as small).
+        While the small runs have used less than the large ones (at least 1), the next run is
+        small: lambda = floor(lambda0 * (2^L)^(u1^2)) with L the large runs so far, sigma0 times
+        0.01^u2, and at most half the large runs' evaluations over lambda generations. Otherwise
+        it is large: lambda = lambda0 * 2^(L+1), the default sigma0. Every run stops after
+        ``max_gen_default`` generations at the most."""
+        dt = self.dtype
+        spent = s.spent.at[s.regime].add(s.evals - s.run_start)
+        small = spent[0] < jnp.maximum(1, spent[1])
+        u = jax.random.uniform(key, (2,), dt)
+        L = s.large_runs
+        lam0 = jnp.asarray(self.lam_start, dt)
+        lam_small = jnp.floor(lam0 * jnp.exp2(L.astype(dt) * u[0] ** 2)).astype(jnp.int32)
+        # lambda0 * 2^k capped at pop_size, tabulated exactly (exp2 in floating point may round
+        # 512 down to 511.99...)
+        table, k = [self.lam_start], 1
+        while table[-1] < self.pop_size:
+            table.append(min(self.lam_start * 2**k, self.pop_size))
+            k += 1
+        lam_large = jnp.asarray(table, jnp.int32)[jnp.minimum(L + 1, len(table) - 1)]
+        lam = jnp.minimum(jnp.where(small, lam_small, lam_large), self.pop_size).astype(jnp.int32)
+        base_sigma = jnp.asarray(self._scales()[0], dt)
+        sigma0 = jnp.where(small, base_sigma * jnp.asarray(0.01, dt) ** u[1], base_sigma)
+        small_gens = jnp.floor(0.5 * spent[1].astype(dt) / lam.astype(dt)).astype(jnp.int32)
+        max_gen = jnp.where(small, jnp.minimum(self.max_gen_default, small_gens), self.max_gen_default)
+        return (lam, sigma0, max_gen.astype(jnp.int32), jnp.where(small, 0, 1).astype(jnp.int32),
+                L + jnp.where(small, 0, 1).astype(jnp.int32), spent)
 
 
 @dataclasses.dataclass(frozen=True)
 class CMAES(_CMABase):
     """CMA-ES with full covariance and active CMA [H16], optional IPOP restarts [AH05].
 
-    Hyper-parameters: ``pop_size`` is lambda (its [H16] default is 4 + floor(3 ln n); with
-    ``restart = "ipop"`` it is the largest lambda and ``lambda0`` the first); ``sigma_init`` the
+    Hyper-parameters: ``pop_size`` is lambda (a config without one gets the [H16] default,
+    4 + floor(3 ln n); with ``restart = "ipop"`` or ``"bipop"`` [H09] it is the largest lambda,
+    default lambda0 * 2^9, and ``lambda0`` the first); ``x0`` the first mean (restarts draw theirs
+    uniformly in the box); ``sigma_init`` the
     initial step size as a fraction of the mean box width ([H16]'s advice for an optimum
     expected in [a, b]^n: m0 uniform in the box, sigma0 = 0.3 (b - a)); every learning rate and the recombination weights are the [H16]
     defaults (Eq. 48-58), computed from the active lambda, so they follow lambda across

@@ -51,6 +51,7 @@ class _NESBase(BaseAlgorithm):
     eta_mu: float = 1.0
     eta_sigma: float = 0.0  # 0: the [W14, Table 1] default
     clip: bool = False
+    x0: tuple[float, ...] | None = None  # the initial mean (default: uniform in the box)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,7 +99,7 @@ class SNES(_es.BlockedES, _NESBase):
 
     def init(self, key: jax.Array) -> SNESState:
         key, k = jax.random.split(key)
-        return SNESState(key, self.uniform_in_bounds(k, 1)[0], self.sigma_init * self.width(),
+        return SNESState(key, self.initial_mean(k), self.sigma_init * self.width(),
                          jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
 
     def expand(self, state: SNESState, z: jax.Array) -> jax.Array:
@@ -137,7 +138,7 @@ class XNES(_NESBase):
         geo = math.exp(sum(math.log(w) for w in width) / len(width))
         # A0 = sigma_init * diag(width) split as sigma * B with det B = 1
         B = jnp.diag(jnp.asarray([w / geo for w in width], self.dtype))
-        return XNESState(key, self.uniform_in_bounds(k, 1)[0], jnp.asarray(self.sigma_init * geo, self.dtype),
+        return XNESState(key, self.initial_mean(k), jnp.asarray(self.sigma_init * geo, self.dtype),
                          B, jnp.zeros((self.pop_size, self.dim), self.dtype))
 
     def ask(self, state: XNESState):

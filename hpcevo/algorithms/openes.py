@@ -61,6 +61,7 @@ class OpenES(_es.MirroredES, BaseAlgorithm):
     beta2: float = 0.999
     adam_eps: float = 1e-8
     clip: bool = False
+    x0: tuple[float, ...] | None = None  # the initial mean (default: uniform in the box)
     distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
     block: int = 0  # pairs per block of the gradient's partial sums (0: automatic)
 
@@ -77,7 +78,7 @@ class OpenES(_es.MirroredES, BaseAlgorithm):
 
     def init(self, key: jax.Array) -> OpenESState:
         key, k = jax.random.split(key)
-        mean = self.uniform_in_bounds(k, 1)[0]
+        mean = self.initial_mean(k)
         w = self.width()
         return OpenESState(key, mean, self.sigma_init * w, self.lr * w, _es.adam_init(mean),
                            jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))

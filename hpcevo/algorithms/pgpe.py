@@ -61,6 +61,7 @@ class PGPE(_es.MirroredES, BaseAlgorithm):
     clipup_max_speed: float = 0.3
     momentum: float = 0.9
     clip: bool = False
+    x0: tuple[float, ...] | None = None  # the initial mean (default: uniform in the box)
     distributed: bool = False  # no rank holds the population (hpcevo/parallel/es.py)
     block: int = 0  # pairs per block of the update's partial sums (0: automatic)
 
@@ -78,7 +79,7 @@ class PGPE(_es.MirroredES, BaseAlgorithm):
 
     def init(self, key: jax.Array) -> PGPEState:
         key, k = jax.random.split(key)
-        mean = self.uniform_in_bounds(k, 1)[0]
+        mean = self.initial_mean(k)
         return PGPEState(key, mean, self.sigma_init * self.width(), jnp.zeros_like(mean),
                          jnp.zeros((self.stored_noise_rows(), self.dim), self.dtype))
 

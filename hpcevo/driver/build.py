@@ -44,7 +44,7 @@ def check(cfg: RunConfig) -> None:
         _check_algorithm_section(cfg)
         if cfg.problem.dim is not None and not cfg.algorithm_params.get("distributed"):
             # Before anything of size dim is built. (A distributed ES holds no population.)
-            check_memory(cfg.source, cfg.algorithm.pop_size, cfg.problem.dim, cfg.run.dtype)
+            check_memory(cfg.source, pop_size(cfg, cfg.problem.dim), cfg.problem.dim, cfg.run.dtype)
     if cfg.islands is not None:
         island_sections(cfg)
     if cfg.problem.name is not None:
@@ -145,16 +145,26 @@ def build_algorithm(cfg: RunConfig, problem: AnyProblem, held: Algorithm | None 
     cls = ALGORITHMS[cfg.algorithm.name]
     distributed = bool(cfg.algorithm_params.get("distributed"))
     _check_fit(cfg, problem, cls, distributed)
+    pop = pop_size(cfg, problem.dim)
     if not distributed:
-        check_memory(where, cfg.algorithm.pop_size, problem.dim, cfg.run.dtype)
+        check_memory(where, pop, problem.dim, cfg.run.dtype)
     extra = {"num_objectives": problem.num_objectives} if cls.multi_objective else {}
     try:
-        return cls(pop_size=cfg.algorithm.pop_size, dim=problem.dim, lb=problem.lb, ub=problem.ub,
+        return cls(pop_size=pop, dim=problem.dim, lb=problem.lb, ub=problem.ub,
                    dtype=cfg.run.dtype, **extra, **cfg.algorithm_params)
     except ValueError as e:
         key = getattr(e, "key", "")
         raise ConfigError(f"{where}: [algorithm] {cfg.algorithm.name}: {e}",
                           f"algorithm.{key}" if key and key in cls.hyper_parameters() else "algorithm") from None
+
+
+def pop_size(cfg: RunConfig, dim: int) -> int:
+    """The config's pop_size; where it gives none, the algorithm's own default for ``dim`` when
+    it has one (CMA-ES: 4 + floor(3 ln n)), else the config's default."""
+    cls = ALGORITHMS.get(cfg.algorithm.name)
+    if "pop_size" in cfg.algorithm.model_fields_set or not hasattr(cls, "default_pop_size"):
+        return cfg.algorithm.pop_size
+    return cls.default_pop_size(dim, cfg.algorithm_params)
 
 
 def _check_fit(cfg: RunConfig, problem: AnyProblem, cls: type, distributed: bool) -> None:
@@ -284,7 +294,10 @@ def resolved(cfg: RunConfig, problem: AnyProblem | None = None, algorithm: Algor
         d["algorithm"] = algorithm_section(algorithm)
     else:
         for name, f in ALGORITHMS[cfg.algorithm.name].hyper_parameters().items():
-            d["algorithm"].setdefault(name, f.default)
+            if f.default is not None:  # (None: unset, e.g. x0; TOML has no null)
+                d["algorithm"].setdefault(name, f.default)
+        if algorithm is not None:  # pop_size as run: an algorithm's own default where none was given
+            d["algorithm"]["pop_size"] = algorithm.pop_size
     return d
 
 
@@ -295,7 +308,8 @@ def algorithm_section(algorithm: Algorithm) -> dict[str, Any]:
     out: dict[str, Any] = {"name": ALGORITHM_NAMES.get(cls, held_name(algorithm)), "pop_size": algorithm.pop_size}
     if hasattr(cls, "hyper_parameters"):
         for name in cls.hyper_parameters():
-            out[name] = _plain(getattr(algorithm, name))
+            if getattr(algorithm, name) is not None:
+                out[name] = _plain(getattr(algorithm, name))
     return out
 
 

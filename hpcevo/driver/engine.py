@@ -57,6 +57,30 @@ class Functions(NamedTuple):
 MAX_CHUNK = 256
 
 
+def rows_used(a: Algorithm, algo: Any, rows: int) -> jax.Array:
+    """Rows of the batch ``a`` just asked (``algo``: its state after asking) that count as
+    evaluations (``Algorithm.rows_used``; default: all ``rows``), as an int32 scalar."""
+    used = getattr(a, "rows_used", lambda _: None)(algo)
+    return jnp.asarray(rows if used is None else used, jnp.int32)
+
+
+class Limits(NamedTuple):
+    """Where a run ends before its last generation, checked after every generation inside the
+    jitted loop: ``evaluations`` left (None: no budget) and a ``target`` fitness (None: none;
+    reached when the best so far is <= it)."""
+
+    evaluations: int | None = None
+    target: float | None = None
+
+    def data(self, dtype: Any) -> tuple[jax.Array, jax.Array]:
+        left = INT32_MAX if self.evaluations is None else max(0, min(int(self.evaluations), INT32_MAX))
+        target = -np.inf if self.target is None else self.target
+        return jnp.asarray(left, jnp.int32), jnp.asarray(target, dtype)
+
+
+INT32_MAX = 2**31 - 1
+
+
 def fingerprint(tree: Any) -> jax.Array:
     """A uint32 per leaf: sum of its bit patterns times odd position weights, mod 2^32.
 
@@ -105,8 +129,11 @@ class Engine(Protocol):
     def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Initialise from the seed and run generation 1; the state and its history row."""
 
-    def advance(self, state: Any, n: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
-        """n (1..MAX_CHUNK) more generations; ``state`` is donated (do not reuse it)."""
+    def advance(self, state: Any, n: int, params: Params = None,
+                limits: "Limits" = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
+        """n (1..MAX_CHUNK) more generations, fewer when ``limits`` end the run: the history
+        has one row per generation run, ``evaluations`` among its series (rows used each).
+        ``state`` is donated (do not reuse it)."""
 
     def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:
         """The next generation's candidates and the algorithm's state after asking (this rank)."""
@@ -156,9 +183,10 @@ class ReplicatedGeneration:
     def __call__(self, a: Algorithm, algo: Any, first: bool, shard: jax.Array, *args):
         ask, tell, evaluator = (a.init_ask, a.init_tell, self.first) if first else (a.ask, a.tell, self.later)
         candidates, algo = ask(algo)
+        used = rows_used(a, algo, candidates.shape[0])
         raw = evaluator(candidates, shard, *args)
         algo = tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return algo, raw, lambda i: candidates[i]
+        return algo, raw, lambda i: candidates[i], used
 
 
 class DistributedESGeneration:
@@ -170,7 +198,8 @@ class DistributedESGeneration:
         self.microbatches = self.step.k
 
     def __call__(self, a: Algorithm, algo: Any, first: bool, shard: jax.Array, *args):
-        return self.step(algo, shard, *args, algorithm=a)
+        algo, raw, pick = self.step(algo, shard, *args, algorithm=a)
+        return algo, raw, pick, jnp.asarray(raw.shape[0], jnp.int32)
 
 
 class DeviceEngine:
@@ -185,8 +214,11 @@ class DeviceEngine:
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext, *,
                  microbatch: int | None = None, batch_size: int | None = None, with_generation: bool = False,
-                 recorder: Any = None):
+                 recorder: Any = None, trace: bool = False):
         self.algorithm, self.ctx = algorithm, ctx
+        # trace: every generation's fitness values come back to the host with the history
+        # ("fitness", (n, num_ask)), for a logger that needs each evaluation (COCO's).
+        self.trace = trace
         self.recorder = recorder if recorder is not None else SingleObjective()
         self._with_generation = with_generation
         if algorithm.distributed:
@@ -214,33 +246,52 @@ class DeviceEngine:
         return (state.generation + 1,) if self._with_generation else ()
 
     def _first_generation(self, key: jax.Array, shards, params: Params = None):
+        return self._first_used(key, shards, params)[0]
+
+    def _first_used(self, key: jax.Array, shards, params: Params = None):
         a = with_params(self.algorithm, params)
         algo = a.init(key)
         empty = self.recorder.empty(a, algo)
-        algo, raw, pick = self.generation(a, algo, True, shards[0], *self._args(empty))
-        return self.recorder.record(a, empty, raw, algo, pick)
+        algo, raw, pick, used = self.generation(a, algo, True, shards[0], *self._args(empty))
+        return self.recorder.record(a, empty, raw, algo, pick, used), used, raw
 
     def _next_generation(self, state, shards, params: Params = None):
         a = with_params(self.algorithm, params)
-        algo, raw, pick = self.generation(a, state.algo, False, shards[1], *self._args(state))
-        return self.recorder.record(a, state, raw, algo, pick)
+        algo, raw, pick, used = self.generation(a, state.algo, False, shards[1], *self._args(state))
+        return self.recorder.record(a, state, raw, algo, pick, used), used, raw
 
-    def _run_chunk(self, state, n: jax.Array, shards, params: Params = None):
+    def _run_chunk(self, state, n: jax.Array, shards, params: Params = None, limits=None):
+        # A while loop, not a fori_loop: a budget or a target ends it at the very generation that
+        # meets it (every rank decides alike: the state is replicated).
         row = self.recorder.row
         buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
                                            for s in jax.eval_shape(row, state, state)))
+        evals = jnp.zeros((MAX_CHUNK,), jnp.int32)
+        rows = self.algorithm.num_ask if self.trace else 0
+        fits = jnp.zeros((MAX_CHUNK, rows), jnp.dtype(self.algorithm.dtype))
+        left, target = limits
 
-        def body(i, carry):
-            s, h = carry
-            s2 = self._next_generation(s, shards, params)
-            return s2, type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
+        def more(carry):
+            i, spent, s, _, _, _ = carry
+            return (i < n) & (spent < left) & ~self.recorder.reached(s, target)
 
-        return lax.fori_loop(0, n, body, (state, buf))
+        def body(carry):
+            i, spent, s, h, e, f = carry
+            s2, used, raw = self._next_generation(s, shards, params)
+            h = type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
+            if self.trace:
+                f = f.at[i].set(raw.reshape(rows))
+            return i + 1, spent + used, s2, h, e.at[i].set(used), f
+
+        i, _, state, buf, evals, fits = lax.while_loop(
+            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, fits))
+        return state, buf, evals, i, fits
 
     def _first_with_history(self, key: jax.Array, shards, params: Params = None):
-        state = self._first_generation(key, shards, params)
+        state, used, raw = self._first_used(key, shards, params)
         values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
-        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values))
+        fits = raw.reshape(1, -1) if self.trace else jnp.zeros((1, 0), jnp.dtype(self.algorithm.dtype))
+        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values)), jnp.reshape(used, (1,)), fits
 
     # -- ask / evaluate / tell, one piece at a time (Loop.ask, Loop.evaluate, Loop.tell) ----------
     def _ask_fn(self, state, params: Params = None):
@@ -254,9 +305,10 @@ class DeviceEngine:
 
     def _tell_fn(self, state, x: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
         a = with_params(self.algorithm, params)
+        used = rows_used(a, algo, x.shape[0])
         algo = a.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        new = self.recorder.record(a, state, raw, algo, lambda i: x[i])
-        return new, self.recorder.row(state, new)
+        new = self.recorder.record(a, state, raw, algo, lambda i: x[i], used)
+        return new, self.recorder.row(state, new), used
 
     def evaluator(self, n: int) -> tuple[ShardedEvaluator, jax.Array]:
         """The sharded evaluation of ``n`` candidates, and this rank's share of it (as data)."""
@@ -280,8 +332,9 @@ class DeviceEngine:
     def tell(self, state: Any, x: jax.Array, algo: Any, raw: jax.Array,
              params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         """The loop state after telling ``algo`` the fitness ``raw`` of ``x``, and its history row."""
-        state, row = self._tell(state, x, algo, raw, params)
-        return state, _host_history(self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in row)), 1)
+        state, row, used = self._tell(state, x, algo, raw, params)
+        return state, _host_history(self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in row)), 1,
+                                    jnp.reshape(used, (1,)))
 
     def functions(self) -> "Functions":
         """Pure ask, evaluate and tell over the loop state, for the user's own ``jax.jit``."""
@@ -299,14 +352,16 @@ class DeviceEngine:
 
     # -- host side -----------------------------------------------------------------------------
     def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
-        state, hist = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
-        return state, _host_history(hist, 1)
+        state, hist, used, fits = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
+        return state, _host_history(hist, 1, used, fits if self.trace else None)
 
-    def advance(self, state: Any, n: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
+    def advance(self, state: Any, n: int, params: Params = None,
+                limits: Limits = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        state, hist = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards, params)
-        return state, _host_history(hist, n)
+        state, hist, used, done, fits = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards,
+                                                    params, limits.data(self.algorithm.dtype))
+        return state, _host_history(hist, int(done), used, fits if self.trace else None)
 
     def template(self, seed: int = 0, params: Params = None) -> Any:
         return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards, params)
@@ -319,7 +374,8 @@ class DeviceEngine:
         if first:
             self._first.lower(key, self.generation.shards, params).compile()
         shapes = self.template(seed, params)
-        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params).compile()
+        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params,
+                          Limits().data(self.algorithm.dtype)).compile()
         self._fingerprint.lower(shapes).compile()
 
     def counters(self, state: Any) -> dict[str, int]:
@@ -338,6 +394,12 @@ def idle_ranks(ranks: int, pieces: int, rows: int) -> tuple[int, int]:
     return max(0, ranks - pieces), max(1, rows // ranks)
 
 
-def _host_history(hist: Any, n: int) -> dict[str, np.ndarray]:
-    host = jax.device_get(hist)
-    return {k: np.asarray(v[:n]) for k, v in zip(type(hist)._fields, host)}
+def _host_history(hist: Any, n: int, used: Any, fitness: Any = None) -> dict[str, np.ndarray]:
+    """The first ``n`` rows of a dispatch's history, its rows used per generation
+    (``evaluations``) and, when traced, its fitness values (``fitness``, ``(n, rows)``)."""
+    host, used = jax.device_get((hist, used))
+    out = {**{k: np.asarray(v[:n]) for k, v in zip(type(hist)._fields, host)},
+           "evaluations": np.asarray(used[:n], np.int64)}
+    if fitness is not None:
+        out["fitness"] = np.asarray(jax.device_get(fitness[:n]))
+    return out

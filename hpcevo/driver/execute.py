@@ -24,7 +24,7 @@ from ..provenance import versions
 from . import build, noisy, startup
 from .archipelago import Archipelago
 from .engine import MAX_CHUNK
-from .loop import Loop, evaluations
+from .loop import Loop
 from .policy import CheckpointPolicy, Schedule, next_chunk
 from .report import Reporter
 from .resume import FREE, FREE_IF_BLOCK_INVARIANT, resume_point
@@ -123,9 +123,11 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
     with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
         gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
         while True:
-            if run.schedule.logs_at(gen) and gen != run.resumed_at:
+            met = run.met()
+            if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
                 said = run.log(gen, metrics)
                 ended = said if gen < G else None
+            ended = ended or met
             decision = run.stop.poll(chunk)
             stopping = gen < G and decision.stop and ended is None
             if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due):
@@ -134,7 +136,7 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
                 break
             target = run.schedule.next_target(gen, decision.chunk)
             chunk = next_chunk(target - gen, run.advance(target - gen))
-            gen = target
+            gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
         outcome = run.outcome()
         run.loop.close()
         with collective_stage(ctx), user_code(ctx, "a hook"):
@@ -160,7 +162,7 @@ class Run:
         self.last_checkpoint: Path | None = None
         self.checkpoint_s = self.compile_s = 0.0
         self.t_start = self.t_prev = 0.0
-        self.gen_prev = 0
+        self.gen_prev = self.evals_prev = self.evals_start = 0
         self.hooks = Hooks()
 
     @classmethod
@@ -179,6 +181,16 @@ class Run:
         rundir.prepare(options.overwrite, options.resume)
         report = Reporter(not options.quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, options.stream)
         run = cls(ctx, cfg, _loop_of(ctx, cfg, parts), parts, rundir, report, stop_control)
+        target = _target(cfg, parts.problem)
+        if cfg.run.evaluations is not None or target is not None:
+            if parts.islands is not None:
+                key = "run.evaluations" if cfg.run.evaluations is not None else "run.target"
+                raise ConfigError(f"{cfg.source}: '{key}' ends a single population's run; with [islands] the "
+                                  "run ends at run.generations (or use a hpcevo.hooks stop criterion)", key)
+            if cfg.run.target is not None and getattr(parts.problem, "num_objectives", 1) > 1:
+                raise ConfigError(f"{cfg.source}: 'run.target' is a fitness value; problem {parts.problem.name} has "
+                                  f"{parts.problem.num_objectives} objectives", "run.target")
+            run.loop.limit(cfg.run.evaluations, target)
         if options.resume:
             run.resume()
         rundir.start(parts.config_text, run.resumed_at)
@@ -242,10 +254,52 @@ class Run:
             self.loop.init(self.cfg.run.seed)
             startup.mark("first_generation")
             self._record_failures(0)
+            self._check_some_evaluation_worked()
         else:
             self.loop.check_replicas()
-        self.gen_prev = self.loop.generation
+        self.gen_prev, self.evals_prev = self.loop.generation, self.loop.evaluations
+        self.evals_start = self.loop.evaluations if self.resumed_at is not None else 0
         return self.loop.generation
+
+    def _check_some_evaluation_worked(self) -> None:
+        """A first generation in which every evaluation failed or gave no finite value means
+        the problem cannot be evaluated as it is called: an error now (UsageError, exit 2),
+        not a run that reports inf after its whole budget."""
+        loop = self.loop
+        if not isinstance(loop, Loop) or loop.engine.recorder.kind != "single-objective":
+            return
+        evals = loop.evaluations
+        failed = loop.counters().get("failed_evaluations", 0)
+        if evals == 0 or (failed < evals and loop.boundary()["nonfinite"] < evals):
+            return
+        first = bcast_from_root(self.ctx, loop.failures[0]["reason"] if self.ctx.is_root and loop.failures else None)
+        name, p = self.parts.problem.name, loop.problem
+        if failed:
+            what = f"all {evals} evaluations of generation 1 failed (first: {first})"
+        else:
+            what = f"all {evals} evaluations of generation 1 gave NaN or infinite values"
+        hint = ""
+        if getattr(p, "host", False) and getattr(p, "batched", False) and self.cfg.problem.batched is None:
+            hint = (". It was called with blocks of rows, shape (n, dim), as a NumPy function is unless told "
+                    "otherwise: for a function of one candidate set problem.batched = false "
+                    "(hpcevo.run(..., batched=False))")
+        raise UsageError(f"problem '{name}': {what}{hint}. Nothing to optimise: the run stops here "
+                         f"(failures.jsonl in {self.rundir.paths.root} has each failure)" if failed else
+                         f"problem '{name}': {what}{hint}. Nothing to optimise: the run stops here")
+
+    def met(self) -> str | None:
+        """Why run.evaluations or run.target ends the run at this generation, or None."""
+        check = getattr(self.loop, "check_limits", None)
+        why = check() if check is not None else None
+        if why == "evaluations":
+            return f"run.evaluations: {self.loop.evaluations} evaluations used (budget {self.cfg.run.evaluations})"
+        if why == "target" and self.cfg.run.target_precision is not None:
+            f_opt = float(self.parts.problem.optimum_value)
+            return (f"run.target_precision: best fitness - f_opt = {self.loop.best_fitness - f_opt:.4e} <= "
+                    f"{self.cfg.run.target_precision!r}")
+        if why == "target":
+            return f"run.target: best fitness {self.loop.best_fitness:.10e} <= {self.cfg.run.target!r}"
+        return None
 
     def advance(self, n: int) -> float:
         """``n`` generations; the seconds they took (the deadline learns from them too)."""
@@ -270,9 +324,9 @@ class Run:
         now, evals, counts = time.perf_counter(), self.loop.evaluations, self.loop.counters()
         params = getattr(self.loop, "params", None)
         rec = {"generation": gen, "evaluations": evals, **self.loop.boundary(), "wall_s": now - self.t_start,
-               "evals_per_s": (evals - evaluations(self.loop.algorithm, self.gen_prev)) / max(now - self.t_prev, 1e-12),
+               "evals_per_s": (evals - self.evals_prev) / max(now - self.t_prev, 1e-12),
                **counts, **{f"params.{k}": v for k, v in (params or {}).items()}}
-        self.t_prev, self.gen_prev = now, gen
+        self.t_prev, self.gen_prev, self.evals_prev = now, gen, evals
         with collective_stage(self.ctx, convert=self.rundir.unwritable):
             metrics.write(rec)
             self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
@@ -359,7 +413,7 @@ class Run:
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "wall_s": wall, "compile_s": self.compile_s, "compile_cache": self.parts.compile_cache,
             "startup_s": startup.phases(), "checkpoint_s": self.checkpoint_s,
-            "evals_per_s": (loop.evaluations - evaluations(loop.algorithm, start)) / max(wall, 1e-12),
+            "evals_per_s": (loop.evaluations - self.evals_start) / max(wall, 1e-12),
             "ranks": self.ctx.size, "device": self.ctx.device_kind, "state_digest": digest,
             "versions": versions(),
         }
@@ -401,6 +455,22 @@ class Built:
                 reuse[key] = (problem, algorithm, islands, exact, cache)
         resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)
         return cls(problem, algorithm, resolved, exact, cache, islands)
+
+
+def _target(cfg: RunConfig, problem: Any) -> float | None:
+    """run.target, or the problem's optimal value plus run.target_precision (ConfigError where
+    both are given or the optimum is not known)."""
+    run = cfg.run
+    if run.target_precision is None:
+        return run.target
+    if run.target is not None:
+        raise ConfigError(f"{cfg.source}: 'run.target' and 'run.target_precision' both set a target: give one",
+                          "run.target_precision")
+    f_opt = getattr(problem, "optimum_value", None)
+    if f_opt is None:
+        raise ConfigError(f"{cfg.source}: 'run.target_precision': problem {problem.name} does not know its optimal "
+                          "value; set run.target (a fitness) instead", "run.target_precision")
+    return float(f_opt) + run.target_precision
 
 
 def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> Loop | Archipelago:

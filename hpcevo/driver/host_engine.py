@@ -36,7 +36,7 @@ from ..errors import UsageError, UserCodeExit, user_location
 from ..parallel import (ParallelContext, TaskRunner, allgather_obj, allgather_rows, gather_to_root, microbatch_rows,
                         user_code)
 from ..problems.base import HostProblem
-from .engine import MAX_CHUNK, Params, fingerprint, idle_ranks
+from .engine import MAX_CHUNK, Limits, Params, fingerprint, idle_ranks, rows_used
 from .recording import LoopState, SingleObjective
 
 # A LoopState's fields (whatever they are), then ``failures``: int32 (), the evaluations that
@@ -67,6 +67,7 @@ class HostEngine:
                  schedule: str = "static", penalty: float = float("inf")):
         self.algorithm, self.problem, self.ctx = algorithm, problem, ctx
         self.recorder = SingleObjective()  # host problems are single-objective
+        self.trace = False  # each generation's fitness with the history (engine.DeviceEngine)
         self.penalty = float(penalty)
         self._microbatch, self._batch_size = microbatch, batch_size
         self._failures: list[dict] = []
@@ -81,25 +82,30 @@ class HostEngine:
     # -- jitted pieces -------------------------------------------------------------------------
     def _first_ask_fn(self, key: jax.Array, params: Params = None):
         a = with_params(self.algorithm, params)
-        return a.init_ask(a.init(key))
+        x, algo = a.init_ask(a.init(key))
+        return x, algo, rows_used(a, algo, x.shape[0])
 
-    def _record(self, a: Algorithm, loop: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any):
-        state = self.recorder.record(a, loop, raw, algo, lambda i: candidates[i])
-        return state, self.recorder.row(loop, state)
+    def _record(self, a: Algorithm, loop: LoopState, candidates: jax.Array, raw: jax.Array, algo: Any, used):
+        state = self.recorder.record(a, loop, raw, algo, lambda i: candidates[i], used)
+        return state, self.recorder.row(loop, state), used
 
     def _first_tell_fn(self, candidates: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
         a = with_params(self.algorithm, params)
         empty = self.recorder.empty(a, algo)
+        used = rows_used(a, algo, candidates.shape[0])
         algo = a.init_tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(a, empty, candidates, raw, algo)
+        return self._record(a, empty, candidates, raw, algo, used)
 
     def _ask_fn(self, loop: LoopState, params: Params = None):
-        return with_params(self.algorithm, params).ask(loop.algo)
+        a = with_params(self.algorithm, params)
+        x, algo = a.ask(loop.algo)
+        return x, algo, rows_used(a, algo, x.shape[0])
 
     def _tell_fn(self, loop: LoopState, candidates: jax.Array, algo: Any, raw: jax.Array, params: Params = None):
         a = with_params(self.algorithm, params)
+        used = rows_used(a, algo, candidates.shape[0])
         algo = a.tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
-        return self._record(a, loop, candidates, raw, algo)
+        return self._record(a, loop, candidates, raw, algo, used)
 
     # -- host evaluation -----------------------------------------------------------------------
     def rows_per_task(self, n: int) -> int:
@@ -120,17 +126,20 @@ class HostEngine:
     def idle_ranks(self) -> tuple[int, int]:
         return idle_ranks(self.ctx.size, self.microbatches, self.algorithm.num_ask)
 
-    def evaluate(self, candidates, generation: int) -> tuple[np.ndarray, int]:
+    def evaluate(self, candidates, generation: int, used: int | None = None) -> tuple[np.ndarray, int]:
         """The fitness of ``candidates`` (replicated, the algorithm's dtype; failed evaluations
-        get the penalty) and how many failed. Collective.
+        get the penalty) and how many failed. Collective. ``used``: only the first ``used`` rows
+        are evaluated (the others, which the algorithm ignores, get inf and count nowhere).
 
         The problem's code runs under ``parallel.user_code``: a ``sys.exit`` in it does not end
         this rank alone (the others would wait for its values forever) but travels with the
         values as a flag, so every rank raises ``UserCodeExit`` naming the rank; an ``os._exit``
         ends the whole job with one message."""
         x = np.asarray(jax.device_get(candidates), np.float64)
-        n = x.shape[0]
-        rows = self.rows_per_task(n)
+        total = x.shape[0]
+        n = total if used is None else int(used)
+        x = x[:n]
+        rows = self.rows_per_task(total)
 
         def task(t: int):
             lo = t * rows  # a copy: a function that writes into its input cannot touch the batch
@@ -173,14 +182,15 @@ class HostEngine:
                 self._failures += [{"generation": generation, "index": i, "reason": why, "rank": rank,
                                     "x": x[i].tolist()} for i, why, rank in sorted(r for p in everyone for r in p)]
         fitness = np.where(bad, self.penalty, gathered[:, 0])
+        fitness = np.concatenate([fitness, np.full(total - n, np.inf)])
         return fitness.astype(self.algorithm.dtype), count
 
     # -- the Engine protocol -------------------------------------------------------------------
     def start(self, seed: int, params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
-        candidates, algo = self._ask_first(jax.random.PRNGKey(seed), params)
-        raw, failed = self.evaluate(candidates, 1)
-        loop, row = self._tell_first(candidates, algo, raw, params)
-        return _join(loop, failed), self._history([row])
+        candidates, algo, used = self._ask_first(jax.random.PRNGKey(seed), params)
+        raw, failed = self.evaluate(candidates, 1, int(used))
+        loop, row, used = self._tell_first(candidates, algo, raw, params)
+        return _join(loop, failed), self._history([row], [used], [raw])
 
     def evaluate_batch(self, x: jax.Array, generation: int) -> np.ndarray:
         """``evaluate`` for ``Loop.evaluate``: its failures are counted at the next ``tell``."""
@@ -189,42 +199,56 @@ class HostEngine:
         return fitness
 
     def ask(self, state: HostLoopState, params: Params = None) -> tuple[jax.Array, Any]:
-        return self._ask(_loop(state), params)
+        return self._ask(_loop(state), params)[:2]
 
     def tell(self, state: HostLoopState, x: jax.Array, algo: Any, raw: Any,
              params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
         """Telling a fitness the caller computed: its failures are what evaluate counted."""
         failed = int(self._pending_failures)
         self._pending_failures = 0
-        loop, row = self._tell(_loop(state), jnp.asarray(x), algo, jnp.asarray(raw, self.algorithm.dtype), params)
-        return _join(loop, int(state.failures) + failed), self._history([row])
+        loop, row, used = self._tell(_loop(state), jnp.asarray(x), algo, jnp.asarray(raw, self.algorithm.dtype), params)
+        return _join(loop, int(state.failures) + failed), self._history([row], [used], [raw])
 
     def functions(self) -> Any:
         raise UsageError(f"problem '{self.problem.name}' runs on the host, outside JAX: it cannot be evaluated "
                          "inside a jitted function; use Loop.ask, Loop.evaluate and Loop.tell")
 
-    def advance(self, state: HostLoopState, n: int, params: Params = None) -> tuple[HostLoopState, dict[str, np.ndarray]]:
+    def advance(self, state: HostLoopState, n: int, params: Params = None,
+                limits: Limits = Limits()) -> tuple[HostLoopState, dict[str, np.ndarray]]:
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        loop, failures, rows = _loop(state), int(state.failures), []
+        loop, failures, rows, counts, fits = _loop(state), int(state.failures), [], [], []
         generation = int(loop.generation)
+        # The same rule as the device loop's, in the run's dtype, on every rank alike.
+        target = None if limits.target is None else np.asarray(limits.target, self.algorithm.dtype)
         for _ in range(n):
+            if limits.evaluations is not None and sum(counts) >= limits.evaluations:
+                break
+            if target is not None and np.asarray(jax.device_get(loop.best_f)) <= target:
+                break
             generation += 1
-            candidates, algo = self._ask(loop, params)
-            raw, failed = self.evaluate(candidates, generation)
-            loop, row = self._tell(loop, candidates, algo, raw, params)
+            candidates, algo, used = self._ask(loop, params)
+            raw, failed = self.evaluate(candidates, generation, int(used))
+            loop, row, used = self._tell(loop, candidates, algo, raw, params)
             failures += failed
             rows.append(row)
-        return _join(loop, failures), self._history(rows)
+            counts.append(int(used))
+            fits.append(raw)
+        return _join(loop, failures), self._history(rows, counts, fits)
 
-    def _history(self, rows: list) -> dict[str, np.ndarray]:
-        columns = zip(*jax.device_get(rows))
-        return {k: np.asarray(v) for k, v in zip(self.recorder.history_type._fields, columns)}
+    def _history(self, rows: list, used: list, fits: list) -> dict[str, np.ndarray]:
+        fields = self.recorder.history_type._fields
+        columns = list(zip(*jax.device_get(rows))) or [[] for _ in fields]
+        out = {**{k: np.asarray(v) for k, v in zip(fields, columns)},
+               "evaluations": np.asarray([int(u) for u in used], np.int64)}
+        if self.trace:
+            out["fitness"] = np.asarray([np.asarray(f) for f in fits]).reshape(len(fits), -1)
+        return out
 
     def template(self, seed: int = 0, params: Params = None) -> HostLoopState:
         def first(key, params):
-            candidates, algo = self._first_ask_fn(key, params)
-            loop, _ = self._first_tell_fn(candidates, algo, jnp.zeros(candidates.shape[:1], candidates.dtype), params)
+            candidates, algo, _ = self._first_ask_fn(key, params)
+            loop, _, _ = self._first_tell_fn(candidates, algo, jnp.zeros(candidates.shape[:1], candidates.dtype), params)
             return _join(loop, 0)
 
         return jax.eval_shape(first, jax.random.PRNGKey(seed), params)
@@ -232,12 +256,12 @@ class HostEngine:
     def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         key = jax.random.PRNGKey(seed)
         if first:
-            candidates, algo = jax.eval_shape(self._first_ask_fn, key, params)
+            candidates, algo, _ = jax.eval_shape(self._first_ask_fn, key, params)
             self._ask_first.lower(key, params).compile()
             self._tell_first.lower(candidates, algo, _fitness_like(candidates), params).compile()
         shapes = self.template(seed, params)
         loop = _loop(shapes)
-        candidates, algo = jax.eval_shape(self._ask_fn, loop, params)
+        candidates, algo, _ = jax.eval_shape(self._ask_fn, loop, params)
         self._ask.lower(loop, params).compile()
         self._tell.lower(loop, candidates, algo, _fitness_like(candidates), params).compile()
         self._fingerprint.lower(shapes).compile()

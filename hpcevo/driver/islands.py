@@ -87,10 +87,10 @@ class IslandsEngine:
     # -- jitted ------------------------------------------------------------------------------------
     def _first_all(self, key: jax.Array, shards: tuple):
         out = [self.engines[i]._first_with_history(mig.island_key(key, i), sh) for i, sh in zip(self.local, shards)]
-        states = tuple(s for s, _ in out)
+        states = tuple(o[0] for o in out)
         if self.migrates and self.migration.every == 1:
             states = self._migrate(states, key, jnp.asarray(1, jnp.int32))
-        return states, tuple(h for _, h in out)
+        return states, tuple(o[1] for o in out)
 
     def _run_chunk(self, states: tuple, n: jax.Array, key: jax.Array, shards: tuple):
         engines = [self.engines[i] for i in self.local]
@@ -102,7 +102,7 @@ class IslandsEngine:
             ss, hs = carry
             # A barrier per island: XLA compiles each island's generation as it would alone, so
             # a rank hosting several islands computes each with the bits of a rank hosting one.
-            new = tuple(lax.optimization_barrier(e._next_generation(lax.optimization_barrier(s), sh))
+            new = tuple(lax.optimization_barrier(e._next_generation(lax.optimization_barrier(s), sh)[0])
                         for e, s, sh in zip(engines, ss, shards))
             hs = tuple(type(h)(*(col.at[j].set(v) for col, v in zip(h, row(s, s2)))) for h, s, s2 in zip(hs, ss, new))
             if self.migrates:

@@ -25,20 +25,20 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import checkpoint
+from .. import checkpoint, schema
 from ..algorithms.base import Algorithm, params_data, params_of
 from ..errors import ConfigError, UsageError, did_you_mean, user_location
 from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
 from . import arguments
-from .engine import MAX_CHUNK, DeviceEngine, Engine, Functions, Params, fingerprint, state_digest
+from .engine import MAX_CHUNK, DeviceEngine, Engine, Functions, Limits, Params, fingerprint, state_digest
 from .host_engine import HostEngine
 from .recording import recorder_for
 
@@ -76,12 +76,15 @@ class Loop:
     per evaluation micro-batch (default: a function of the population only); ``batch_size``:
     most rows one call of the problem sees; ``recorder``: what the state tracks besides the
     algorithm's (default: ``recording.recorder_for(problem)``); ``concurrency``, ``schedule``,
-    ``penalty``: host problems only (``host_engine.HostEngine``).
+    ``penalty``: host problems only (``host_engine.HostEngine``). ``observe``: called (on every
+    rank) with each dispatch's fitness values of the rows used, in the order they were
+    evaluated, for a logger that needs every evaluation (COCO's data: ``hpcevo.coco``).
     """
 
     def __init__(self, algorithm: Algorithm, problem: Any, ctx: ParallelContext | None = None, *,
                  host: bool = False, microbatch: int | None = None, batch_size: int | None = None,
-                 recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf):
+                 recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf,
+                 observe: Callable[[np.ndarray], None] | None = None):
         ctx = context(ctx, "Loop")
         opts: dict[str, Any] = {}
         # Every argument is checked on every rank, and the ranks agree before the engine (which
@@ -102,15 +105,20 @@ class Loop:
         if problem.host:
             self.engine = HostEngine(algorithm, problem, ctx, microbatch=mb, batch_size=bs,
                                      concurrency=opts["concurrency"], schedule=opts["schedule"], penalty=opts["penalty"])
+            self.engine.trace = observe is not None
         else:
             self.engine = device_engine(algorithm, problem, ctx, mb, bs,
-                                        recorder if recorder is not None else recorder_for(problem))
+                                        recorder if recorder is not None else recorder_for(problem), observe is not None)
+        self._observe = observe
         self.seed: int | None = None
         self.state: Any = None
         self.generation = 0  # generations completed (1: the initial population evaluated)
         self._history = HistoryBuffer()
         self._compiled: set[bool] = set()  # which programs are compiled: True (generation 1), False (later)
         self.failures: list[dict] = []  # failed host evaluations so far (rank 0)
+        self._evaluations = 0  # rows used so far (Algorithm.rows_used), a Python int: no overflow
+        self._limits = Limits()
+        self.met: str | None = None  # "evaluations" or "target": which limit ended advance()
 
     # -- running ---------------------------------------------------------------------------------
     def init(self, seed: int) -> "Loop":
@@ -120,23 +128,68 @@ class Loop:
         self.state, part = self.engine.start(seed, self._data())
         self.seed, self.generation, self._pending = seed, 1, None
         self._history = HistoryBuffer()
+        self._evaluations = 0
         self._took(part)
         return self
 
     def advance(self, generations: int = 1) -> "Loop":
-        """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations."""
+        """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations, or fewer:
+        a limit (``limit``) ends it at the generation that meets it (``met`` says which)."""
         n = arguments.generations(self.ctx, generations, self.generation, "Loop.advance")
         self._require_state()
         self._require_no_pending("advance")
-        if n:
+        if n and self.check_limits() is None:
             self.compile(self.seed or 0, first=False)
         for k in chunks(n):
-            self.state, part = self.engine.advance(self.state, k, self._data())
-            self.generation += k
+            if self.check_limits() is not None:
+                break
+            left = None if self._limits.evaluations is None else self._limits.evaluations - self._evaluations
+            self.state, part = self.engine.advance(self.state, k, self._data(), self._limits._replace(evaluations=left))
+            self.generation += len(part["evaluations"])
             self._took(part)
+        self.check_limits()
         return self
 
+    def limit(self, evaluations: int | None = None, target: float | None = None) -> "Loop":
+        """End ``advance`` at the generation where the evaluations so far reach ``evaluations``
+        (that generation's rows all count: at most one generation's rows past the budget, as in
+        pycma) or the best fitness so far is <= ``target`` (single-objective); checked after every
+        generation inside the compiled loop, so the count is exact. None: no such limit. Both
+        are data: changing them compiles nothing. Collective: every rank passes the same."""
+        def check() -> Limits:
+            ev = None if evaluations is None else schema.check(int, evaluations, "evaluations", "Loop.limit")
+            if ev is not None and ev < 1:
+                raise UsageError(f"Loop.limit: 'evaluations' must be >= 1 (or None), got {ev}")
+            tg = None if target is None else schema.check(float, target, "target", "Loop.limit")
+            if tg is not None and self.engine.recorder.kind != "single-objective":
+                raise UsageError("Loop.limit: 'target' is a fitness value: for single-objective runs only")
+            if tg is not None and math.isnan(tg):
+                raise UsageError("Loop.limit: 'target' must be a number, got nan")
+            return Limits(ev, tg)
+
+        self._limits = agreed(self.ctx, "Loop.limit", check, repr, arguments.differ)
+        self.met = None
+        return self
+
+    def check_limits(self) -> str | None:
+        """Which limit the loop has met ("evaluations", "target"), or None; sets ``met``. The
+        same on every rank (the state is replicated)."""
+        lim, self.met = self._limits, None
+        if self.state is None:
+            return None
+        if lim.evaluations is not None and self._evaluations >= lim.evaluations:
+            self.met = "evaluations"
+        elif lim.target is not None and self.engine.recorder.kind == "single-objective" and bool(
+                np.asarray(jax.device_get(self.state.best_f)) <= np.asarray(lim.target, self._algorithm.dtype)):
+            self.met = "target"
+        return self.met
+
     def _took(self, part: dict[str, np.ndarray]) -> None:
+        used = part["evaluations"]
+        self._evaluations += int(np.sum(used))
+        fitness = part.pop("fitness", None)
+        if self._observe is not None and fitness is not None and len(used):
+            self._observe(np.concatenate([row[:k] for row, k in zip(fitness, used)]))
         self._history.append(part)
         self.failures += self.engine.take_failures()
 
@@ -308,6 +361,8 @@ class Loop:
             cols = self.history
             part = {k: np.full(n, -1 if np.issubdtype(cols[k].dtype, np.integer) else np.nan, cols[k].dtype)
                     for k in fields}
+        # Generations run outside the loop count every row (their rows_used is not known here).
+        part["evaluations"] = np.full(n, self._algorithm.num_ask, np.int64)
         self.state, self.generation = state, self.generation + n
         self.check_replicas()
         self._took(part)
@@ -362,8 +417,9 @@ class Loop:
 
     @property
     def evaluations(self) -> int:
-        """Evaluations done so far (exact; Python ints never overflow)."""
-        return evaluations(self.algorithm, self.generation)
+        """Evaluations done so far: the rows the algorithm used (``Algorithm.rows_used``; IPOP-
+        and BIPOP-CMA-ES's inactive rows do not count). Exact; Python ints never overflow."""
+        return self._evaluations
 
     def population(self) -> tuple[np.ndarray, np.ndarray]:
         """The algorithm's current population and its fitness (``Algorithm.population``)."""
@@ -430,7 +486,7 @@ class Loop:
 
     def restore(self, loaded: checkpoint.Loaded) -> "Loop":
         fields = sorted(self.engine.recorder.history_type._fields)
-        if sorted(loaded.history) != fields:
+        if sorted(set(loaded.history) - {"evaluations"}) != fields:
             raise UsageError(f"cannot resume from '{loaded.header.path}': its history has "
                              f"{sorted(loaded.history)}, this run keeps {fields}: it was written by another "
                              "kind of run")
@@ -443,7 +499,12 @@ class Loop:
         self.state, self.seed, self.generation = loaded.state, loaded.header.seed, loaded.header.generation
         self._pending = None
         self._history = HistoryBuffer()
-        self._history.append(loaded.history)
+        history = dict(loaded.history)
+        if "evaluations" not in history:  # (written before evaluations were a series)
+            history["evaluations"] = np.diff([evaluations(self._algorithm, g) for g in range(self.generation + 1)])
+        self._history.append(history)
+        self._evaluations = int(loaded.header.evaluations)
+        self.met = None
         return self
 
 
@@ -459,15 +520,15 @@ _ENGINES: list[tuple[tuple, DeviceEngine]] = []
 
 
 def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, microbatch: int | None,
-                  batch_size: int | None, recorder: Any) -> DeviceEngine:
+                  batch_size: int | None, recorder: Any, trace: bool = False) -> DeviceEngine:
     """A ``DeviceEngine`` for these pieces: a kept one when an earlier loop had the same."""
-    key = (_static_part(algorithm), problem, ctx, microbatch, batch_size, _recorder_key(recorder))
+    key = (_static_part(algorithm), problem, ctx, microbatch, batch_size, _recorder_key(recorder), trace)
     for i, (k, engine) in enumerate(_ENGINES):
         if _same(k, key):
             _ENGINES.append(_ENGINES.pop(i))
             return engine
     engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
-                          with_generation=problem.wants_generation, recorder=recorder)
+                          with_generation=problem.wants_generation, recorder=recorder, trace=trace)
     _ENGINES.append((key, engine))
     del _ENGINES[:-ENGINES_KEPT]
     return engine

@@ -79,11 +79,15 @@ class SingleObjective:
         )
 
     def record(self, algorithm, state: LoopState, raw: jax.Array, algo: Any,
-               pick: Callable[[jax.Array], jax.Array]) -> LoopState:
-        """``raw``: the generation's fitness as evaluated; ``pick(i)``: candidate ``i`` of it."""
+               pick: Callable[[jax.Array], jax.Array], used: Any = None) -> LoopState:
+        """``raw``: the generation's fitness as evaluated; ``pick(i)``: candidate ``i`` of it;
+        ``used``: how many leading rows count (``Algorithm.rows_used``; None: all). Rows past
+        it are neither the best nor in the statistics nor counted as non-finite."""
         del algorithm
-        bad = ~jnp.isfinite(raw)
-        fitness = jnp.where(bad, jnp.inf, raw)
+        counted = jnp.ones(raw.shape, bool) if used is None else jnp.arange(raw.shape[0]) < used
+        bad = ~jnp.isfinite(raw) & counted
+        raw = jnp.where(counted, raw, jnp.nan)
+        fitness = jnp.where(bad | ~counted, jnp.inf, raw)
         i = jnp.argmin(fitness)
         better = fitness[i] < state.best_f
         return LoopState(
@@ -99,6 +103,11 @@ class SingleObjective:
     def row(before: LoopState, after: LoopState) -> tuple:
         return (after.best_f, after.last[0], after.last[1], after.last[2],
                 after.nonfinite - before.nonfinite)
+
+    @staticmethod
+    def reached(state: LoopState, target: jax.Array) -> jax.Array:
+        """Whether the best so far meets a target fitness (<=)."""
+        return state.best_f <= target
 
     # -- host side -----------------------------------------------------------------------------
     def boundary(self, state: LoopState) -> dict[str, Any]:
@@ -176,8 +185,8 @@ class MultiObjective:
         igd = nan if self.ref_front is None else indicators.igd(f, jnp.asarray(self.ref_front, f.dtype), mask)
         return jnp.stack([hv, igd])
 
-    def record(self, algorithm, state: MOLoopState, raw: jax.Array, algo: Any, pick) -> MOLoopState:
-        del pick  # the front is the algorithm's population's, not the latest batch's
+    def record(self, algorithm, state: MOLoopState, raw: jax.Array, algo: Any, pick, used: Any = None) -> MOLoopState:
+        del pick, used  # the front is the algorithm's population's, not the latest batch's
         bad = ~jnp.all(jnp.isfinite(raw), axis=-1)
         x, f = algorithm.population(algo)
         mask = non_dominated(f) & jnp.all(jnp.isfinite(f), axis=-1)
@@ -197,6 +206,10 @@ class MultiObjective:
     @staticmethod
     def row(before: MOLoopState, after: MOLoopState) -> tuple:
         return (after.indicators[0], after.indicators[1], after.front_size, after.nonfinite - before.nonfinite)
+
+    @staticmethod
+    def reached(state: MOLoopState, target: jax.Array) -> jax.Array:
+        return jnp.asarray(False)  # a front has no single fitness to meet a target
 
     # -- host side -----------------------------------------------------------------------------
     def boundary(self, state: MOLoopState) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from .rundir import option
 # it runs, where it writes, how it logs and checkpoints, how it is bound to its hardware, how
 # host evaluations are scheduled: tested bitwise). Everything else in the resolved config is
 # locked, so a key added to the schema is locked until it is shown to be harmless here.
-FREE = ("run.generations", "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "parallel.device",
+FREE = ("run.generations", "run.evaluations", "run.target", "run.target_precision",
+        "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "parallel.device",
         "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus", "evaluation.concurrency",
         "evaluation.schedule")
 # Free only where it is known to change nothing: pieces of a micro-batch give the same bits as the
