@@ -86,6 +86,10 @@ class ProblemSection(_Section):
     # true: the function named by import path is NumPy (or other non-JAX) code, evaluated on the
     # host outside JIT (see hpcevo/problems/host.py); name = "command" is always on the host.
     host: bool | None = None
+    # name = "bbob": which of COCO's 24 noiseless functions (1-24) and which instance (1, 2...;
+    # COCO's instance numbers: its x_opt, f_opt, rotations).
+    function: int | None = Field(None, ge=1, le=24)
+    instance: int | None = Field(None, ge=1)
 
 
 class EvaluationSection(_Section):
@@ -108,6 +112,9 @@ HOST_EVALUATION_KEYS = {"concurrency": 1, "schedule": "static", "penalty": math.
 class LogSection(_Section):
     every: int = Field(100, ge=1)
     progress: schema.Progress = "auto"
+    # BBOB problems: write COCO's bbob data (every evaluation the algorithm used) into
+    # <run dir>/coco, which COCO's post-processor reads: python -m cocopp <run dir>/coco
+    coco: bool = False
 
 
 class ParallelSection(_Section):

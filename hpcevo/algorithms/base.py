@@ -257,6 +257,8 @@ def with_params(algorithm: Any, params: dict[str, Any] | None) -> Any:
     traced scalars). ``None``: ``algorithm`` itself. The copy skips the constructor's checks
     (they compare values in Python, which a traced value cannot); the values were checked when
     they were set (``Loop.set_params`` builds the algorithm they belong to)."""
+    # (Keys that are no identifier, such as the engine's "@problem", carry other data.)
+    params = {k: v for k, v in (params or {}).items() if k.isidentifier()}
     if not params:
         return algorithm
     copy = object.__new__(type(algorithm))

@@ -71,7 +71,8 @@ def build_problem(cfg: RunConfig, held: Any = None, *, host: bool | None = None,
         raise ConfigError(f"{where}: missing required key 'problem.name' (a problem's name; from Python, "
                           "or pass problem= to hpcevo.run)", "problem.name")
     try:
-        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host, p.objectives)
+        problem = create(p.name, p.dim, p.lb, p.ub, p.args, p.batched, cfg.run.dtype, p.host, p.objectives,
+                         p.function, p.instance)
     except ValueError as e:
         raise ConfigError(f"{where}: [problem]: {e}", "problem") from None
     _check_ref_point(cfg, problem)

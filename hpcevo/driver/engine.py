@@ -34,8 +34,10 @@ from ..parallel import ParallelContext, ShardedESStep, ShardedEvaluator, check_r
 from .recording import SingleObjective
 
 # A dynamic hyper-parameter's value by name, as data (``algorithms.base.params_data``); None: the
-# algorithm's own values, as constants of the program.
-Params = dict[str, jax.Array] | None
+# algorithm's own values, as constants of the program. Under PROBLEM_DATA: the problem's instance
+# data (``Problem.data``), for problems that take it as an argument.
+Params = dict[str, Any] | None
+PROBLEM_DATA = "@problem"
 
 
 class Functions(NamedTuple):
@@ -138,13 +140,13 @@ class Engine(Protocol):
     def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:
         """The next generation's candidates and the algorithm's state after asking (this rank)."""
 
-    def evaluate_batch(self, x: Any, generation: int) -> Any:
+    def evaluate_batch(self, x: Any, generation: int, params: Params = None) -> Any:
         """The raw fitness of ``x``, evaluated in shares over the ranks and gathered."""
 
     def tell(self, state: Any, x: Any, algo: Any, raw: Any, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
         """The state after telling ``algo`` the fitness ``raw`` of ``x``, and the history row."""
 
-    def functions(self) -> "Functions":
+    def functions(self, params: Params = None) -> "Functions":
         """ask, evaluate, tell and row as pure functions (JAX problems; others raise UsageError)."""
 
     def template(self, seed: int, params: Params = None) -> Any:
@@ -214,11 +216,21 @@ class DeviceEngine:
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext, *,
                  microbatch: int | None = None, batch_size: int | None = None, with_generation: bool = False,
-                 recorder: Any = None, trace: bool = False):
+                 recorder: Any = None, trace: str = "", with_data: bool = False):
         self.algorithm, self.ctx = algorithm, ctx
-        # trace: every generation's fitness values come back to the host with the history
-        # ("fitness", (n, num_ask)), for a logger that needs each evaluation (COCO's).
+        # with_data: evaluate(x, data[, generation]) with the problem's instance data, passed into
+        # every program as an argument (params[PROBLEM_DATA]): instances of one problem (BBOB's
+        # x_opt, rotations...) share the programs, compiled once.
+        self._with_data = with_data
+        # trace: every generation's fitness values ("f") and candidates too ("fx") come back to
+        # the host with the history ("fitness" (n, num_ask), "x" (n, num_ask, dim)), for a logger
+        # that needs each evaluation (COCO's). A dispatch then holds at most max_chunk
+        # generations, so that what it brings back stays near 64 MB.
+        if trace not in ("", "f", "fx"):
+            raise ValueError(f"trace must be '', 'f' or 'fx', got {trace!r}")
         self.trace = trace
+        per_generation = algorithm.num_ask * (1 + (algorithm.dim if trace == "fx" else 0))
+        self.max_chunk = MAX_CHUNK if not trace else max(1, min(MAX_CHUNK, 2**23 // per_generation))
         self.recorder = recorder if recorder is not None else SingleObjective()
         self._with_generation = with_generation
         if algorithm.distributed:
@@ -242,8 +254,9 @@ class DeviceEngine:
         return idle_ranks(self.ctx.size, self.microbatches, self.algorithm.num_ask)
 
     # -- jitted pieces -------------------------------------------------------------------------
-    def _args(self, state) -> tuple:
-        return (state.generation + 1,) if self._with_generation else ()
+    def _args(self, state, params: Params) -> tuple:
+        data = (params[PROBLEM_DATA],) if self._with_data else ()
+        return data + ((state.generation + 1,) if self._with_generation else ())
 
     def _first_generation(self, key: jax.Array, shards, params: Params = None):
         return self._first_used(key, shards, params)[0]
@@ -252,13 +265,19 @@ class DeviceEngine:
         a = with_params(self.algorithm, params)
         algo = a.init(key)
         empty = self.recorder.empty(a, algo)
-        algo, raw, pick, used = self.generation(a, algo, True, shards[0], *self._args(empty))
-        return self.recorder.record(a, empty, raw, algo, pick, used), used, raw
+        algo, raw, pick, used = self.generation(a, algo, True, shards[0], *self._args(empty, params))
+        return self.recorder.record(a, empty, raw, algo, pick, used), used, self._traced(raw, pick)
 
     def _next_generation(self, state, shards, params: Params = None):
         a = with_params(self.algorithm, params)
-        algo, raw, pick, used = self.generation(a, state.algo, False, shards[1], *self._args(state))
-        return self.recorder.record(a, state, raw, algo, pick, used), used, raw
+        algo, raw, pick, used = self.generation(a, state.algo, False, shards[1], *self._args(state, params))
+        return self.recorder.record(a, state, raw, algo, pick, used), used, self._traced(raw, pick)
+
+    def _traced(self, raw: jax.Array, pick: Callable[[jax.Array], jax.Array]) -> tuple:
+        """What a traced generation brings back: its fitness, and its candidates with "fx"."""
+        if self.trace != "fx":
+            return (raw,)
+        return raw, jax.vmap(pick)(jnp.arange(raw.shape[0]))
 
     def _run_chunk(self, state, n: jax.Array, shards, params: Params = None, limits=None):
         # A while loop, not a fori_loop: a budget or a target ends it at the very generation that
@@ -267,31 +286,31 @@ class DeviceEngine:
         buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
                                            for s in jax.eval_shape(row, state, state)))
         evals = jnp.zeros((MAX_CHUNK,), jnp.int32)
-        rows = self.algorithm.num_ask if self.trace else 0
-        fits = jnp.zeros((MAX_CHUNK, rows), jnp.dtype(self.algorithm.dtype))
         left, target = limits
+        _, _, traced = jax.eval_shape(self._next_generation, state, shards, params)
+        trace = tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in traced)
 
         def more(carry):
             i, spent, s, _, _, _ = carry
             return (i < n) & (spent < left) & ~self.recorder.reached(s, target)
 
         def body(carry):
-            i, spent, s, h, e, f = carry
-            s2, used, raw = self._next_generation(s, shards, params)
+            i, spent, s, h, e, t = carry
+            s2, used, got = self._next_generation(s, shards, params)
             h = type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
             if self.trace:
-                f = f.at[i].set(raw.reshape(rows))
-            return i + 1, spent + used, s2, h, e.at[i].set(used), f
+                t = tuple(buf.at[i].set(v) for buf, v in zip(t, got))
+            return i + 1, spent + used, s2, h, e.at[i].set(used), t
 
-        i, _, state, buf, evals, fits = lax.while_loop(
-            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, fits))
-        return state, buf, evals, i, fits
+        i, _, state, buf, evals, trace = lax.while_loop(
+            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, trace))
+        return state, buf, evals, i, trace
 
     def _first_with_history(self, key: jax.Array, shards, params: Params = None):
-        state, used, raw = self._first_used(key, shards, params)
+        state, used, traced = self._first_used(key, shards, params)
         values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
-        fits = raw.reshape(1, -1) if self.trace else jnp.zeros((1, 0), jnp.dtype(self.algorithm.dtype))
-        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values)), jnp.reshape(used, (1,)), fits
+        trace = tuple(t[None] for t in traced) if self.trace else ()
+        return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values)), jnp.reshape(used, (1,)), trace
 
     # -- ask / evaluate / tell, one piece at a time (Loop.ask, Loop.evaluate, Loop.tell) ----------
     def _ask_fn(self, state, params: Params = None):
@@ -323,10 +342,11 @@ class DeviceEngine:
         alone: every rank computes the same)."""
         return self._ask(state, params)
 
-    def evaluate_batch(self, x: jax.Array, generation: int) -> jax.Array:
+    def evaluate_batch(self, x: jax.Array, generation: int, params: Params = None) -> jax.Array:
         """The raw fitness of ``x``, each rank evaluating its share (collective)."""
         _, shard = self.evaluator(int(x.shape[0]))
-        args = (jnp.asarray(generation, jnp.int32),) if self._with_generation else ()
+        args = (params[PROBLEM_DATA],) if self._with_data else ()
+        args += (jnp.asarray(generation, jnp.int32),) if self._with_generation else ()
         return self._evaluate_jit(x, shard, *args)
 
     def tell(self, state: Any, x: jax.Array, algo: Any, raw: jax.Array,
@@ -336,11 +356,14 @@ class DeviceEngine:
         return state, _host_history(self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in row)), 1,
                                     jnp.reshape(used, (1,)))
 
-    def functions(self) -> "Functions":
-        """Pure ask, evaluate and tell over the loop state, for the user's own ``jax.jit``."""
+    def functions(self, params: Params = None) -> "Functions":
+        """Pure ask, evaluate and tell over the loop state, for the user's own ``jax.jit``
+        (``params``: what carries the problem's data, for a problem that takes it)."""
+        data = (params[PROBLEM_DATA],) if self._with_data else ()
+
         def evaluate(x: jax.Array, *generation) -> jax.Array:
             ev, shard = self.evaluator(int(x.shape[0]))
-            return ev(x, shard, *generation[: int(self._with_generation)])
+            return ev(x, shard, *data, *generation[: int(self._with_generation)])
 
         def tell(state, x, algo, raw, params=None):
             return self._tell_fn(state, x, algo, raw, params)[0]
@@ -352,16 +375,16 @@ class DeviceEngine:
 
     # -- host side -----------------------------------------------------------------------------
     def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
-        state, hist, used, fits = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
-        return state, _host_history(hist, 1, used, fits if self.trace else None)
+        state, hist, used, trace = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
+        return state, _host_history(hist, 1, used, trace)
 
     def advance(self, state: Any, n: int, params: Params = None,
                 limits: Limits = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
-        if not 1 <= n <= MAX_CHUNK:
-            raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        state, hist, used, done, fits = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards,
-                                                    params, limits.data(self.algorithm.dtype))
-        return state, _host_history(hist, int(done), used, fits if self.trace else None)
+        if not 1 <= n <= self.max_chunk:
+            raise ValueError(f"advance: n must be in 1..{self.max_chunk}, got {n}")
+        state, hist, used, done, trace = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards,
+                                                     params, limits.data(self.algorithm.dtype))
+        return state, _host_history(hist, int(done), used, trace)
 
     def template(self, seed: int = 0, params: Params = None) -> Any:
         return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards, params)
@@ -394,12 +417,13 @@ def idle_ranks(ranks: int, pieces: int, rows: int) -> tuple[int, int]:
     return max(0, ranks - pieces), max(1, rows // ranks)
 
 
-def _host_history(hist: Any, n: int, used: Any, fitness: Any = None) -> dict[str, np.ndarray]:
+def _host_history(hist: Any, n: int, used: Any, trace: tuple = ()) -> dict[str, np.ndarray]:
     """The first ``n`` rows of a dispatch's history, its rows used per generation
-    (``evaluations``) and, when traced, its fitness values (``fitness``, ``(n, rows)``)."""
+    (``evaluations``) and, when traced, its fitness values (``fitness``, ``(n, rows)``) and
+    candidates (``x``, ``(n, rows, dim)``)."""
     host, used = jax.device_get((hist, used))
     out = {**{k: np.asarray(v[:n]) for k, v in zip(type(hist)._fields, host)},
            "evaluations": np.asarray(used[:n], np.int64)}
-    if fitness is not None:
-        out["fitness"] = np.asarray(jax.device_get(fitness[:n]))
+    for name, values in zip(("fitness", "x"), trace):
+        out[name] = np.asarray(jax.device_get(values[:n]))
     return out

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from .. import checkpoint, schema
 from ..algorithms.base import Algorithm
 from ..config import RunConfig, parse_deadline
@@ -23,6 +25,7 @@ from ..parallel.info import oversubscription
 from ..provenance import versions
 from . import build, noisy, startup
 from .archipelago import Archipelago
+from .coco_log import CocoLog
 from .engine import MAX_CHUNK
 from .loop import Loop
 from .policy import CheckpointPolicy, Schedule, next_chunk
@@ -164,6 +167,7 @@ class Run:
         self.t_start = self.t_prev = 0.0
         self.gen_prev = self.evals_prev = self.evals_start = 0
         self.hooks = Hooks()
+        self.coco: CocoLog | None = None
 
     @classmethod
     def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
@@ -180,7 +184,9 @@ class Run:
         rundir = RunDir(ctx, RunPaths.of(cfg.out_dir, cfg.checkpoint_dir))
         rundir.prepare(options.overwrite, options.resume)
         report = Reporter(not options.quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, options.stream)
-        run = cls(ctx, cfg, _loop_of(ctx, cfg, parts), parts, rundir, report, stop_control)
+        coco = _coco_log(ctx, cfg, parts)
+        run = cls(ctx, cfg, _loop_of(ctx, cfg, parts, coco), parts, rundir, report, stop_control)
+        run.coco = coco
         target = _target(cfg, parts.problem)
         if cfg.run.evaluations is not None or target is not None:
             if parts.islands is not None:
@@ -193,6 +199,8 @@ class Run:
             run.loop.limit(cfg.run.evaluations, target)
         if options.resume:
             run.resume()
+        if coco is not None:
+            coco.start(run.resumed_at)
         rundir.start(parts.config_text, run.resumed_at)
         run.announce()
         run.compile()
@@ -218,6 +226,12 @@ class Run:
         if d.at is not None:
             line(f"deadline in {(d.at - time.time()) / 60:.1f} min ({d.source}); stopping {d.margin:.0f} s "
                  "before it, plus the time a chunk and a checkpoint take")
+        f_opt = getattr(self.parts.problem, "fopt", None)  # (BBOB's)
+        if cfg.run.dtype == "float32" and f_opt:
+            spacing = float(np.spacing(np.float32(abs(f_opt))))
+            line(f"warning: run.dtype = \"float32\" on {self.parts.problem.name}, whose optimal value is {f_opt}: "
+                 f"float32 values there are {spacing:.1e} apart, so f - f_opt cannot get below that (COCO's "
+                 "targets go to 1e-8); BBOB runs use float64 unless run.dtype says otherwise", err=True)
         crowded = oversubscription(ctx)
         if crowded:
             line(f"note: {crowded}")
@@ -254,6 +268,8 @@ class Run:
             self.loop.init(self.cfg.run.seed)
             startup.mark("first_generation")
             self._record_failures(0)
+            if self.coco is not None:
+                self.coco.flush()
             self._check_some_evaluation_worked()
         else:
             self.loop.check_replicas()
@@ -306,6 +322,8 @@ class Run:
         t = time.perf_counter()
         before = len(self.loop.failures)
         self.loop.advance(n)
+        if self.coco is not None:
+            self.coco.flush()
         seconds = time.perf_counter() - t
         startup.mark("first_generation")  # (a resumed run's first)
         self._record_failures(before)
@@ -354,6 +372,8 @@ class Run:
                 f"{self.last_checkpoint or 'none yet'}); free space or fix the directory, then --resume")
             err.stranded = e.stranded
             raise err from None
+        if self.coco is not None:
+            self.coco.checkpointed(gen)
         seconds = time.perf_counter() - t
         self.checkpoint_s += seconds
         self.stop.checkpoint_written(seconds)
@@ -385,6 +405,8 @@ class Run:
                              f"{self.last_checkpoint}. Continue with: hpcevo run CONFIG --resume  "
                              f"(exit code {EXIT_STOPPED})")
             return summary
+        if self.coco is not None:
+            self.coco.close()
         self.rundir.write_summary(summary)
         if "best_fitness_seen" in summary:
             result = (f"best fitness {summary['best_fitness']:.10e} (the mean of {len(summary['reevaluations'])} "
@@ -473,11 +495,23 @@ def _target(cfg: RunConfig, problem: Any) -> float | None:
     return float(f_opt) + run.target_precision
 
 
-def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> Loop | Archipelago:
+def _coco_log(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> CocoLog | None:
+    if not cfg.log.coco:
+        return None
+    if parts.islands is not None:
+        raise ConfigError(f"{cfg.source}: 'log.coco' logs one population's evaluations; with [islands] there "
+                          "are several", "log.coco")
+    algorithm = parts.resolved.get("algorithm", {})
+    comment = " ".join(f"{k}={v}" for k, v in algorithm.items() if k != "name")
+    return CocoLog(ctx, parts.problem, cfg.out_dir, parts.algorithm_name, f"hpcevo {comment}", cfg.source)
+
+
+def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built, coco: CocoLog | None = None) -> Loop | Archipelago:
     """One population's ``Loop``, or with [islands] an ``Archipelago``."""
     p, e = cfg.parallel, cfg.evaluation
     if parts.islands is not None:
         return Archipelago(parts.islands[0], parts.problem, ctx, build.migration(cfg), names=parts.islands[1], microbatch=p.microbatch or None, batch_size=e.batch_size or None)
     return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
-                penalty=e.penalty)
+                penalty=e.penalty, observe=None if coco is None else coco.observe,
+                observe_x=coco is not None and coco.with_x)

@@ -67,7 +67,8 @@ class HostEngine:
                  schedule: str = "static", penalty: float = float("inf")):
         self.algorithm, self.problem, self.ctx = algorithm, problem, ctx
         self.recorder = SingleObjective()  # host problems are single-objective
-        self.trace = False  # each generation's fitness with the history (engine.DeviceEngine)
+        self.trace = ""  # each generation's fitness ("f"), and candidates ("fx"), with the history
+        self.max_chunk = MAX_CHUNK
         self.penalty = float(penalty)
         self._microbatch, self._batch_size = microbatch, batch_size
         self._failures: list[dict] = []
@@ -190,9 +191,9 @@ class HostEngine:
         candidates, algo, used = self._ask_first(jax.random.PRNGKey(seed), params)
         raw, failed = self.evaluate(candidates, 1, int(used))
         loop, row, used = self._tell_first(candidates, algo, raw, params)
-        return _join(loop, failed), self._history([row], [used], [raw])
+        return _join(loop, failed), self._history([row], [used], [raw], [candidates])
 
-    def evaluate_batch(self, x: jax.Array, generation: int) -> np.ndarray:
+    def evaluate_batch(self, x: jax.Array, generation: int, params: Params = None) -> np.ndarray:
         """``evaluate`` for ``Loop.evaluate``: its failures are counted at the next ``tell``."""
         fitness, failed = self.evaluate(x, generation)
         self._pending_failures += failed
@@ -207,9 +208,9 @@ class HostEngine:
         failed = int(self._pending_failures)
         self._pending_failures = 0
         loop, row, used = self._tell(_loop(state), jnp.asarray(x), algo, jnp.asarray(raw, self.algorithm.dtype), params)
-        return _join(loop, int(state.failures) + failed), self._history([row], [used], [raw])
+        return _join(loop, int(state.failures) + failed), self._history([row], [used], [raw], [x])
 
-    def functions(self) -> Any:
+    def functions(self, params: Params = None) -> Any:
         raise UsageError(f"problem '{self.problem.name}' runs on the host, outside JAX: it cannot be evaluated "
                          "inside a jitted function; use Loop.ask, Loop.evaluate and Loop.tell")
 
@@ -217,7 +218,7 @@ class HostEngine:
                 limits: Limits = Limits()) -> tuple[HostLoopState, dict[str, np.ndarray]]:
         if not 1 <= n <= MAX_CHUNK:
             raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        loop, failures, rows, counts, fits = _loop(state), int(state.failures), [], [], []
+        loop, failures, rows, counts, fits, xs = _loop(state), int(state.failures), [], [], [], []
         generation = int(loop.generation)
         # The same rule as the device loop's, in the run's dtype, on every rank alike.
         target = None if limits.target is None else np.asarray(limits.target, self.algorithm.dtype)
@@ -234,15 +235,18 @@ class HostEngine:
             rows.append(row)
             counts.append(int(used))
             fits.append(raw)
-        return _join(loop, failures), self._history(rows, counts, fits)
+            xs.append(candidates)
+        return _join(loop, failures), self._history(rows, counts, fits, xs)
 
-    def _history(self, rows: list, used: list, fits: list) -> dict[str, np.ndarray]:
+    def _history(self, rows: list, used: list, fits: list, xs: list) -> dict[str, np.ndarray]:
         fields = self.recorder.history_type._fields
         columns = list(zip(*jax.device_get(rows))) or [[] for _ in fields]
         out = {**{k: np.asarray(v) for k, v in zip(fields, columns)},
                "evaluations": np.asarray([int(u) for u in used], np.int64)}
         if self.trace:
             out["fitness"] = np.asarray([np.asarray(f) for f in fits]).reshape(len(fits), -1)
+        if self.trace == "fx":
+            out["x"] = np.asarray(jax.device_get(xs)).reshape(len(xs), -1, self.algorithm.dim)
         return out
 
     def template(self, seed: int = 0, params: Params = None) -> HostLoopState:

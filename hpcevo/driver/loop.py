@@ -38,7 +38,8 @@ from ..parallel import ParallelContext, agree_same, agreed, check_replicas, coll
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
 from . import arguments
-from .engine import MAX_CHUNK, DeviceEngine, Engine, Functions, Limits, Params, fingerprint, state_digest
+from .engine import (MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params, fingerprint,
+                     state_digest)
 from .host_engine import HostEngine
 from .recording import recorder_for
 
@@ -78,13 +79,14 @@ class Loop:
     algorithm's (default: ``recording.recorder_for(problem)``); ``concurrency``, ``schedule``,
     ``penalty``: host problems only (``host_engine.HostEngine``). ``observe``: called (on every
     rank) with each dispatch's fitness values of the rows used, in the order they were
-    evaluated, for a logger that needs every evaluation (COCO's data: ``hpcevo.coco``).
+    evaluated, and with ``observe_x`` their candidates too (``observe(f, x)``), for a logger
+    that needs every evaluation (COCO's data: ``hpcevo.coco``).
     """
 
     def __init__(self, algorithm: Algorithm, problem: Any, ctx: ParallelContext | None = None, *,
                  host: bool = False, microbatch: int | None = None, batch_size: int | None = None,
                  recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf,
-                 observe: Callable[[np.ndarray], None] | None = None):
+                 observe: Callable[..., None] | None = None, observe_x: bool = False):
         ctx = context(ctx, "Loop")
         opts: dict[str, Any] = {}
         # Every argument is checked on every rank, and the ranks agree before the engine (which
@@ -102,13 +104,14 @@ class Loop:
         self._pending: tuple[jax.Array, Any, int] | None = None  # ask's (x, algorithm state, generation)
         self.engine: Engine
         mb, bs = opts["microbatch"], opts["batch_size"]
+        trace = "" if observe is None else "fx" if observe_x else "f"
         if problem.host:
             self.engine = HostEngine(algorithm, problem, ctx, microbatch=mb, batch_size=bs,
                                      concurrency=opts["concurrency"], schedule=opts["schedule"], penalty=opts["penalty"])
-            self.engine.trace = observe is not None
+            self.engine.trace = trace
         else:
             self.engine = device_engine(algorithm, problem, ctx, mb, bs,
-                                        recorder if recorder is not None else recorder_for(problem), observe is not None)
+                                        recorder if recorder is not None else recorder_for(problem), trace)
         self._observe = observe
         self.seed: int | None = None
         self.state: Any = None
@@ -140,7 +143,7 @@ class Loop:
         self._require_no_pending("advance")
         if n and self.check_limits() is None:
             self.compile(self.seed or 0, first=False)
-        for k in chunks(n):
+        for k in chunks(n, self.engine.max_chunk):
             if self.check_limits() is not None:
                 break
             left = None if self._limits.evaluations is None else self._limits.evaluations - self._evaluations
@@ -187,9 +190,13 @@ class Loop:
     def _took(self, part: dict[str, np.ndarray]) -> None:
         used = part["evaluations"]
         self._evaluations += int(np.sum(used))
-        fitness = part.pop("fitness", None)
+        fitness, x = part.pop("fitness", None), part.pop("x", None)
         if self._observe is not None and fitness is not None and len(used):
-            self._observe(np.concatenate([row[:k] for row, k in zip(fitness, used)]))
+            f = np.concatenate([row[:k] for row, k in zip(fitness, used)])
+            if x is None:
+                self._observe(f)
+            else:
+                self._observe(f, np.concatenate([row[:k] for row, k in zip(x, used)]))
         self._history.append(part)
         self.failures += self.engine.take_failures()
 
@@ -264,7 +271,10 @@ class Loop:
                 f"of this one (what can change: {dynamic})")
 
     def _data(self) -> Params:
-        return params_data(self._algorithm, self._params) if self._params else None
+        data = getattr(self.problem, "program_data", None)
+        if data is None:
+            return params_data(self._algorithm, self._params) if self._params else None
+        return {**params_data(self._algorithm, self._params), PROBLEM_DATA: data}
 
     # -- ask / evaluate / tell: a generation in the user's hands --------------------------------
     def ask(self) -> jax.Array:
@@ -293,7 +303,7 @@ class Loop:
         a = agreed(self.ctx, "Loop.evaluate's candidates", check, _array_text)
         generation = self._pending[2] if self._pending else self.generation + 1
         with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
-            return self.engine.evaluate_batch(a, generation)
+            return self.engine.evaluate_batch(a, generation, self._data())
 
     def tell(self, x: Any, fitness: Any) -> "Loop":
         """End the generation ``ask`` began: the algorithm learns ``fitness`` (of ``x``, the asked
@@ -331,7 +341,7 @@ class Loop:
         ``tell(state, x, algo, raw, params)``; ``params``: ``Loop.params_data()``). Every rank must
         run the program alike (its evaluation gathers over the ranks). Hand the state back with
         ``adopt``. JAX problems only."""
-        return self.engine.functions()
+        return self.engine.functions(self._data())
 
     def params_data(self) -> Params:
         """The dynamic hyper-parameters as the arrays the functions of ``functions`` take."""
@@ -520,15 +530,21 @@ _ENGINES: list[tuple[tuple, DeviceEngine]] = []
 
 
 def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, microbatch: int | None,
-                  batch_size: int | None, recorder: Any, trace: bool = False) -> DeviceEngine:
+                  batch_size: int | None, recorder: Any, trace: str = "") -> DeviceEngine:
     """A ``DeviceEngine`` for these pieces: a kept one when an earlier loop had the same."""
-    key = (_static_part(algorithm), problem, ctx, microbatch, batch_size, _recorder_key(recorder), trace)
+    # A problem whose instance data are arguments (``program_data``) is one program for all its
+    # instances.
+    with_data = getattr(problem, "program_data", None) is not None
+    program = problem.program if with_data else problem
+    key = (_static_part(algorithm), program, ctx, microbatch, batch_size, _recorder_key(recorder), trace)
     for i, (k, engine) in enumerate(_ENGINES):
         if _same(k, key):
             _ENGINES.append(_ENGINES.pop(i))
             return engine
-    engine = DeviceEngine(algorithm, problem.evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
-                          with_generation=problem.wants_generation, recorder=recorder, trace=trace)
+    evaluate = problem.evaluate_with if with_data else problem.evaluate
+    engine = DeviceEngine(algorithm, evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
+                          with_generation=problem.wants_generation, recorder=recorder, trace=trace,
+                          with_data=with_data)
     _ENGINES.append((key, engine))
     del _ENGINES[:-ENGINES_KEPT]
     return engine
@@ -604,11 +620,11 @@ def user_errors() -> Iterator[None]:
                          "while its step was compiled") from None
 
 
-def chunks(generations: int) -> list[int]:
-    """``generations`` as the dispatches that run them: at most ``MAX_CHUNK`` each."""
+def chunks(generations: int, most: int = MAX_CHUNK) -> list[int]:
+    """``generations`` as the dispatches that run them: at most ``most`` each."""
     if generations < 0:
         raise ValueError(f"advance: generations must be >= 0, got {generations}")
-    return [MAX_CHUNK] * (generations // MAX_CHUNK) + ([generations % MAX_CHUNK] if generations % MAX_CHUNK else [])
+    return [most] * (generations // most) + ([generations % most] if generations % most else [])
 
 
 def evaluations(algorithm: Algorithm, generation: int) -> int:

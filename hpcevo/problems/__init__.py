@@ -10,7 +10,8 @@ Multi-objective problems (``multiobjective.py``: ZDT 1-4, 6 and DTLZ 1-7) return
 ``num_objectives`` values per candidate, ``(n, dim) -> (n, m)``.
 
 Names: the classic functions of ``numerical.py`` (``sphere``, ``ackley``...), ZDT and DTLZ, the CEC 2022 suite
-(``cec2022_f1``..``cec2022_f12``), ``neuro`` (an MLP policy on a gymnax environment), and a
+(``cec2022_f1``..``cec2022_f12``), COCO's BBOB suite (``bbob`` with ``function`` 1-24 and
+``instance``: ``bbob.py``, equal to COCO's own values), ``neuro`` (an MLP policy on a gymnax environment), and a
 user's own problem by import path (``package.module:function`` or ``path/file.py:function``).
 
 Host problems (``host.py``) are not JAX: a NumPy function by import path (``host = True``) or an
@@ -101,9 +102,15 @@ def is_deferred(name: str) -> bool:
 
 def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | None = None,
            batched: bool | None = None, dtype: str = "float32", host: bool | None = None,
-           objectives: int | None = None):
+           objectives: int | None = None, function: int | None = None, instance: int | None = None):
     """The problem the config's ``[problem]`` section describes; ``ConfigError`` for bad input."""
     args = dict(args or {})
+    if name == "bbob":
+        return _bbob(dim, lb, ub, args, batched, host, function, instance)
+    for key, value in (("function", function), ("instance", instance)):
+        if value is not None:
+            raise ConfigError(f"{name}: problem.{key} applies to name = \"bbob\" (COCO's functions), not to this "
+                              "problem")
     if is_held_name(name):
         raise ConfigError(f"{name} was a Python object handed to hpcevo.run(problem=...): only Python can "
                          "run it (or resume its run) again, passing the same object")
@@ -142,11 +149,23 @@ def create(name: str, dim: int | None, lb=None, ub=None, args: dict[str, Any] | 
         return make_cec2022(name, dim, lb, ub)
     if name not in PROBLEMS:
         err = _unknown_name(name)
-        raise ConfigError(f"{err}; also cec2022_f1..cec2022_f12, neuro, command (an external "
+        raise ConfigError(f"{err}; also cec2022_f1..cec2022_f12, bbob (COCO's suite), neuro, command (an external "
                          "program), or your own as 'package.module:function' or 'path/to/file.py:function'")
     if dim is None:
         raise ConfigError(f"{name}: problem.dim is required")
     return make_problem(name, dim, lb, ub)
+
+
+def _bbob(dim, lb, ub, args, batched, host, function, instance):
+    from .bbob import make_bbob
+
+    if args or batched is not None or host:
+        raise ConfigError("bbob: takes function, instance and dim (and lb/ub); not "
+                          f"{', '.join(k for k, v in (('args', args), ('batched', batched), ('host', host)) if v)}")
+    missing = [k for k, v in (("function", function), ("instance", instance), ("dim", dim)) if v is None]
+    if missing:
+        raise ConfigError(f"bbob: problem.{missing[0]} is required (function 1-24, instance >= 1, dim >= 2)")
+    return make_bbob(function, instance, dim, lb, ub)
 
 
 def as_problem(obj: Any, dim: int | None = None, lb=None, ub=None, *, host: bool = False,

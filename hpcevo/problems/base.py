@@ -43,6 +43,17 @@ class Problem(Protocol):
         """``(n, dim) -> (n,)``, or ``(n, num_objectives)``."""
         ...
 
+    # Instance data as an argument of the compiled programs, not constants in them (None: none):
+    # then ``evaluate_with(x, program_data[, generation])`` is what runs, and problems with equal
+    # ``program`` (a hashable id of the code: BBOB's function, dimension and box) share one
+    # compiled program whatever their data (COCO's 15 instances of a function compile once).
+    program_data: Any = None
+    program: Any = None
+
+    def evaluate_with(self, x: Any, data: Any, *generation: Any) -> Any:
+        """``evaluate`` with the instance data ``data`` (problems with ``program_data`` only)."""
+        raise NotImplementedError
+
     def pareto_front(self) -> np.ndarray | None:
         """Points of the true Pareto front, float64 ``(r, m)``, for IGD; None: unknown."""
         return None
