@@ -131,7 +131,29 @@ def report(study: Study, output: str | Path | None = None, *, baseline: str | No
     write_new(files[2], json.dumps({"study": study.name, "baseline": base, "targets": targets, "rows": rows,
                                     "overall": overall}, indent=1, default=_json) + "\n")
     files += _figures(runs, configs, problems, out, study.name)
+    files += coco_folders(study, runs, out / "coco")
     return Report(text, rows, overall, files)
+
+
+def coco_folders(study: Study, runs: list[RunData], out: Path) -> list[Path]:
+    """COCO's data of the done runs that wrote some (``log.coco``), gathered per configuration:
+    ``<out>/<configuration>/<run>/``, what ``python -m cocopp <out>/<A> <out>/<B>`` compares
+    (cocopp merges the instances of a function and dimension found under one folder). Copies,
+    rebuilt on every report: a run's own files stay where it wrote them."""
+    import shutil
+
+    made = []
+    for config in dict.fromkeys(r.configuration for r in runs):
+        folder = out / config
+        sources = [(r.name, study.out / "runs" / r.name / "coco") for r in runs if r.configuration == config]
+        sources = [(name, src) for name, src in sources if src.is_dir()]
+        if not sources:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        for name, src in sources:
+            shutil.copytree(src, folder / name, ignore=shutil.ignore_patterns(".hpcevo"))
+        made.append(folder)
+    return made
 
 
 def _rows(runs: list[RunData], configs: list[str], problems: list[str], base: str,

@@ -156,7 +156,11 @@ def history_of(path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]
             return _metrics_history(run, path)
     hist, header = found
     n = len(next(iter(hist.values())))
-    return hist, header.num_init + header.num_ask * np.arange(n), header.path.name, history_kind(hist)
+    if "evaluations" in hist:  # rows used per generation (IPOP and BIPOP use fewer than they ask)
+        evals = np.cumsum(np.asarray(hist.pop("evaluations"), np.int64))
+    else:  # (written before the series existed)
+        evals = header.num_init + header.num_ask * np.arange(n)
+    return hist, evals, header.path.name, history_kind(hist)
 
 
 def _metrics_history(run: RunRecord, path: Path) -> tuple[dict[str, np.ndarray], np.ndarray, str, str]:

@@ -1,0 +1,176 @@
+"""BBOB runs as COCO's users need them: COCO data written by rank 0 from the gathered fitness (the
+same files at any rank count, equal to what cocoex's Observer writes for the same evaluations,
+read by cocopp with the run's own numbers), resumed runs continuing their COCO files, one
+compiled program for every instance of a function, float64 by default."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpcevo
+from hpcevo.parallel import context_for
+from hpcevo.problems.bbob import make_bbob
+
+FUNCTION, INSTANCE, DIM = 21, 3, 5  # Gallagher's 101 peaks: rotations, peaks; x is logged below 7-D
+
+
+def config(out, generations=40, **extra):
+    run = {"name": "bbob", "seed": 2, "out": str(out), "generations": generations, **extra.pop("run", {})}
+    cfg = {"run": run, "algorithm": {"name": "cmaes", "restart": "ipop", "pop_size": 40},
+           "problem": {"name": "bbob", "function": FUNCTION, "instance": INSTANCE, "dim": DIM},
+           "log": {"every": 10, "coco": True}, "checkpoint": {"every": 0}}
+    cfg.update(extra)
+    return cfg
+
+
+def coco_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and ".hpcevo" not in p.parts}
+
+
+def evaluations_of(cfg) -> tuple[np.ndarray, np.ndarray]:
+    """The run's own evaluations (values and points, in order), from a Loop of the same config."""
+    seen = []
+    problem = make_bbob(FUNCTION, INSTANCE, DIM)
+    import jax
+
+    with jax.enable_x64(True):
+        algorithm = hpcevo.algorithms.CMAES(pop_size=40, dim=DIM, lb=problem.lb, ub=problem.ub, dtype="float64",
+                                            restart="ipop")
+        loop = hpcevo.Loop(algorithm, problem, context_for(MPI.COMM_SELF),
+                           observe=lambda f, x: seen.append((f, x)), observe_x=True)
+        loop.init(cfg["run"]["seed"]).advance(cfg["run"]["generations"] - 1)
+    return np.concatenate([f for f, _ in seen]), np.concatenate([x for _, x in seen])
+
+
+def test_coco_data_is_the_same_at_any_rank_count_and_what_coco_writes(ctx, references, request, shared_tmp):
+    here = hpcevo.run(config(shared_tmp / "here"), quiet=True, ctx=ctx).summary
+    files = coco_files(shared_tmp / "here" / "coco") if ctx.is_root else {}
+
+    def one_rank():
+        if ctx.size == 1:
+            return {k: v.decode() for k, v in files.items()}
+        alone = shared_tmp / "alone"
+        hpcevo.run(config(alone), quiet=True, ctx=context_for(MPI.COMM_SELF))
+        return {k: v.decode() for k, v in coco_files(alone / "coco").items()}
+
+    want = references.get(request, "coco", one_rank)  # (collective: rank 0 computes, every rank gets it)
+    if not ctx.is_root:
+        return
+    assert {k: v.decode() for k, v in files.items()} == want
+    assert set(files) == {"bbobexp_f21.info", *(f"data_f21/bbobexp_f21_DIM5.{e}" for e in ("dat", "tdat", "rdat",
+                                                                                              "mdat"))}
+    # The run's own evaluations replayed through COCO's own problem and Observer: the same lines.
+    import cocoex
+
+    f, x = evaluations_of(config(shared_tmp / "here"))
+    assert len(f) == here["evaluations"]
+    observer = cocoex.Observer("bbob", f"outer_folder: {shared_tmp} result_folder: cocoex algorithm_name: cmaes")
+    suite = cocoex.Suite("bbob", "", f"function_indices:{FUNCTION} dimensions:{DIM} instance_indices:{INSTANCE}")
+    problem = suite.get_problem_by_function_dimension_instance(FUNCTION, DIM, INSTANCE)
+    problem.observe_with(observer)
+    theirs = np.array([problem(row) for row in x])
+    np.testing.assert_allclose(theirs, f, rtol=1e-13)
+    problem.free()  # (its logger writes the last lines)
+    out = Path(observer.result_folder)
+    for ext in ("dat", "tdat"):
+        mine = [ln for ln in files[f"data_f21/bbobexp_f21_DIM5.{ext}"].decode().splitlines() if not ln.startswith("%")]
+        coco = [ln for ln in (out / f"data_f21/bbobexp_f21_DIM5.{ext}").read_text().splitlines()
+                if not ln.startswith("%")]
+        assert [ln.split()[0] for ln in mine] == [ln.split()[0] for ln in coco]  # the same evaluations
+        np.testing.assert_allclose([[float(v) for v in ln.split()] for ln in mine],
+                                   [[float(v) for v in ln.split()] for ln in coco], rtol=1e-9, atol=1e-12)
+
+
+def _cocopp_datasets(folder: Path):
+    os.environ.setdefault("XDG_CACHE_HOME", str(folder.parent / "xdg"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import cocopp
+
+        return cocopp.pproc.DataSetList(str(folder))
+
+
+def test_cocopp_reads_a_run_with_the_runs_own_numbers(ctx, shared_tmp):
+    cfg = config(shared_tmp / "run", generations=60, run={"target_precision": 1e-6})
+    summary = hpcevo.run(cfg, quiet=True, ctx=ctx).summary
+    if not ctx.is_root:
+        return
+    (ds,) = _cocopp_datasets(shared_tmp / "run" / "coco")
+    assert (ds.funcId, ds.dim, list(ds.instancenumbers)) == (FUNCTION, DIM, [INSTANCE])
+    fopt = make_bbob(FUNCTION, INSTANCE, DIM).fopt
+    f, _ = evaluations_of(cfg)
+    f = f[: summary["evaluations"]]
+    running = np.minimum.accumulate(f) - fopt
+    assert int(ds.maxevals[0]) == summary["evaluations"] == len(f)
+    assert ds.finalfunvals[0] == pytest.approx(summary["best_fitness"] - fopt, rel=1e-9)
+    for target in (10.0, 1.0, 1e-2, 1e-4, 1e-6):
+        (got,) = ds.detEvals([target])
+        hit = np.flatnonzero(running <= target)
+        assert (got[0] if np.isfinite(got[0]) else None) == (hit[0] + 1 if len(hit) else None), target
+    # and the command-line post-processor runs on it (offline)
+    out = subprocess.run([sys.executable, "-m", "cocopp", "--tab-only", "-o", str(shared_tmp / "ppdata"),
+                          str(shared_tmp / "run" / "coco")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XDG_CACHE_HOME": str(shared_tmp / "xdg")})
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_coco_files(ctx, shared_tmp):
+    whole = hpcevo.run(config(shared_tmp / "whole", generations=50), quiet=True, ctx=ctx).summary
+    cfg = config(shared_tmp / "part", generations=23)
+    cfg["checkpoint"] = {"every": 0, "final": True}
+    hpcevo.run(cfg, quiet=True, ctx=ctx)  # complete at 23: its COCO entry is closed
+    cfg["run"]["generations"] = 50
+    rest = hpcevo.run(cfg, quiet=True, ctx=ctx, resume=True).summary
+    assert rest["state_digest"] == whole["state_digest"] and rest["resumed_from"] == 23
+    if ctx.is_root:
+        assert coco_files(shared_tmp / "part" / "coco") == coco_files(shared_tmp / "whole" / "coco")
+
+
+# -- one process ---------------------------------------------------------------------------------
+@pytest.mark.single_process
+def test_instances_of_a_function_share_one_compiled_program():
+    from hpcevo.driver import loop as loop_module
+
+    algorithm = hpcevo.algorithms.CMAES(pop_size=8, dim=3, lb=-5.0, ub=5.0)
+    loops = [hpcevo.Loop(algorithm, make_bbob(15, i, 3)).init(0).advance(20) for i in (1, 2, 3)]
+    assert loops[0].engine is loops[1].engine is loops[2].engine
+    assert len({lp.digest() for lp in loops}) == 3  # other instances, other runs
+    loop_module._ENGINES.clear()  # a fresh engine for instance 2 gives the same run
+    again = hpcevo.Loop(algorithm, make_bbob(15, 2, 3)).init(0).advance(20)
+    assert again.engine is not loops[1].engine and again.digest() == loops[1].digest()
+    assert hpcevo.Loop(algorithm, make_bbob(16, 1, 3)).engine is not loops[0].engine  # another function
+
+
+@pytest.mark.single_process
+def test_bbob_runs_in_float64_unless_told_and_says_why_float32_is_risky(tmp_path, capsys):
+    cfg = {"run": {"name": "b", "generations": 3, "out": str(tmp_path / "a")}, "algorithm": {"name": "cmaes"},
+           "problem": {"name": "bbob", "function": 1, "instance": 1, "dim": 2}}
+    assert hpcevo.load_config(cfg).run.dtype == "float64"
+    assert hpcevo.run(cfg, quiet=True).summary["dtype"] == "float64"
+    cfg["run"].update(dtype="float32", out=str(tmp_path / "b"))
+    hpcevo.run(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "float32" in err and "f_opt" in err and "1e-8" in err, err
+
+
+@pytest.mark.single_process
+def test_bad_bbob_and_coco_configs_are_one_message(tmp_path):
+    base = {"run": {"name": "b", "generations": 3, "out": str(tmp_path / "x")}, "algorithm": {"name": "cmaes"}}
+    for problem, text in [({"name": "bbob", "function": 1, "dim": 2}, "problem.instance is required"),
+                          ({"name": "bbob", "function": 25, "instance": 1, "dim": 2}, "problem.function"),
+                          ({"name": "sphere", "dim": 2, "function": 3}, "applies to name = \"bbob\""),
+                          ({"name": "bbob", "function": 1, "instance": 1, "dim": 1}, "dim")]:
+        with pytest.raises(hpcevo.ConfigError, match=text):
+            hpcevo.run({**base, "problem": problem}, quiet=True)
+    with pytest.raises(hpcevo.ConfigError, match="log.coco.*needs a BBOB problem"):
+        hpcevo.run({**base, "problem": {"name": "sphere", "dim": 2}, "log": {"coco": True}}, quiet=True)
