@@ -186,7 +186,9 @@ class ReplicatedGeneration:
         ask, tell, evaluator = (a.init_ask, a.init_tell, self.first) if first else (a.ask, a.tell, self.later)
         candidates, algo = ask(algo)
         used = rows_used(a, algo, candidates.shape[0])
-        raw = evaluator(candidates, shard, *args)
+        # Only an algorithm that uses fewer rows than it asks has rows not worth evaluating.
+        fewer = getattr(a, "rows_used", lambda _: None)(algo) is not None
+        raw = evaluator(candidates, shard, *args, used=used if fewer else None)
         algo = tell(algo, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
         return algo, raw, lambda i: candidates[i], used
 

@@ -129,8 +129,11 @@ class ShardedEvaluator:
         f = blockwise(lambda p: self.fn(p, *args).astype(x.dtype), parts, 0, pieces, out)
         return f.reshape(pieces * piece, *f.shape[2:])[:mb]
 
-    def __call__(self, candidates: jax.Array, shard: jax.Array, *args) -> jax.Array:
-        """``args`` (e.g. the generation number) are passed on to the problem function."""
+    def __call__(self, candidates: jax.Array, shard: jax.Array, *args, used: jax.Array | None = None) -> jax.Array:
+        """``args`` (e.g. the generation number) are passed on to the problem function. ``used``:
+        only the first ``used`` rows matter (IPOP's active lambda of its largest population):
+        micro-batches past them are not evaluated, and those rows get inf. The rows evaluated
+        give the same bits either way (each micro-batch is evaluated alone, at the same shape)."""
         n, mb, k = self.n, self.mb, self.k
         candidates = lax.optimization_barrier(candidates)
         if k * mb > n:
@@ -143,9 +146,15 @@ class ShardedEvaluator:
         per_row = jax.eval_shape(lambda x: self._micro(x, args),
                                  jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
 
-        mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], shard[1],
+        count = shard[1]
+        if used is not None:  # this rank's micro-batches that hold used rows
+            count = jnp.clip((used + mb - 1) // mb - shard[0], 0, shard[1])
+        mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], count,
                          jnp.zeros((self.slots, mb, *per_row), dtype))
         fitness = gather_slots(mine, self.order, self.ctx).reshape(k * mb, *per_row)[:n]
+        if used is not None:
+            rows = (jnp.arange(n) < used).reshape(n, *(1,) * len(per_row))
+            fitness = jnp.where(rows, fitness, jnp.asarray(jnp.inf, dtype))
         return lax.optimization_barrier(fitness)
 
 
