@@ -56,6 +56,10 @@ class RunSection(_Section):
     # The same relative to the problem's optimal value, where it is known (BBOB, CEC 2022, the
     # classic functions): the run ends when best - f_opt <= this (COCO's final target: 1e-8).
     target_precision: Annotated[float, Field(ge=0)] | None = None
+    # Stagnation: the run ends at the generation whose best so far has improved by no more than
+    # stagnation_tolerance over the last stagnation_generations generations (single-objective).
+    stagnation_generations: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    stagnation_tolerance: float = Field(0.0, ge=0)
 
 
 class AlgorithmSection(_Section):

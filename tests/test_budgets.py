@@ -66,11 +66,42 @@ def test_target_ends_the_loop_at_the_first_generation_whose_best_meets_it():
     assert loop.digest() == hpcevo.Loop(cmaes(), SPHERE).init(2).advance(first - 1).digest()
 
 
+def _first_stall(best, k, tol, dtype=np.float32):
+    """hooks.Stagnation's rule over a history: the first generation g whose best improved by no
+    more than tol over the k generations before it."""
+    for g in range(k + 1, len(best) + 1):
+        if dtype(best[g - 1 - k]) - dtype(best[g - 1]) <= dtype(tol):
+            return g
+    return None
+
+
+@pytest.mark.single_process
+def test_stagnation_ends_the_loop_where_the_hooks_rule_says_on_device_and_host():
+    pso = hpcevo.algorithms.PSO(pop_size=16, dim=4, lb=RASTRIGIN.lb, ub=RASTRIGIN.ub)
+    k, tol = 30, 1e-3
+    stop = _first_stall(hpcevo.Loop(pso, RASTRIGIN).init(1).advance(599).history["best"], k, tol)
+    assert stop is not None and stop > k + 1
+    whole = hpcevo.Loop(pso, RASTRIGIN).init(1).limit(stagnation=k, tolerance=tol).advance(600)
+    stepped = hpcevo.Loop(pso, RASTRIGIN).init(1).limit(stagnation=k, tolerance=tol)
+    for _ in range(100):
+        stepped.advance(7)  # the window crosses dispatches
+    assert whole.generation == stepped.generation == stop and whole.met == stepped.met == "stagnation"
+    assert whole.digest() == stepped.digest()
+
+    def f(x):
+        return np.sum(x * x - 10 * np.cos(2 * np.pi * x), axis=1) + 10 * x.shape[1]
+
+    host_stop = _first_stall(hpcevo.Loop(pso, f, host=True).init(1).advance(599).history["best"], k, tol)
+    host = hpcevo.Loop(pso, f, host=True).init(1).limit(stagnation=k, tolerance=tol).advance(600)
+    assert host.generation == host_stop and host.met == "stagnation"
+
+
 @pytest.mark.single_process
 def test_limit_refuses_bad_values():
     loop = hpcevo.Loop(cmaes(), SPHERE)
     for kw, text in [({"evaluations": 0}, ">= 1"), ({"evaluations": 2.5}, "evaluations"),
-                     ({"target": "low"}, "target"), ({"target": math.nan}, "nan")]:
+                     ({"target": "low"}, "target"), ({"target": math.nan}, "nan"), ({"stagnation": 0}, ">= 1"),
+                     ({"stagnation": 5, "tolerance": -1.0}, "tolerance")]:
         with pytest.raises(UsageError, match=text):
             loop.limit(**kw)
     mo = make_problem("zdt1", 4)
@@ -232,7 +263,9 @@ OUTCOME = ("state_digest", "generations", "evaluations", "stopped_by", "best_fit
 def test_budget_and_target_stop_at_the_same_generation_at_any_rank_count(ctx, references, request, shared_tmp):
     def make(c, where):
         out = {}
-        for key, run in [("budget", {"evaluations": 700}), ("target", {"target": 0.5, "evaluations": 20000})]:
+        for key, run in [("budget", {"evaluations": 700}), ("target", {"target": 0.5, "evaluations": 20000}),
+                         ("stagnation", {"stagnation_generations": 15, "stagnation_tolerance": 1e-2,
+                                         "evaluations": 20000})]:
             s = hpcevo.run(config(shared_tmp / where / key, **run), quiet=True, ctx=c).summary
             out[key] = {k: s[k] for k in OUTCOME}
         return out
@@ -241,6 +274,7 @@ def test_budget_and_target_stop_at_the_same_generation_at_any_rank_count(ctx, re
     assert here == alone
     assert here["budget"]["evaluations"] >= 700 and here["budget"]["stopped_by"].startswith("run.evaluations")
     assert here["target"]["best_fitness"] <= 0.5 and here["target"]["stopped_by"].startswith("run.target")
+    assert here["stagnation"]["stopped_by"].startswith("run.stagnation_generations")
     if ctx.is_root:
         lines = [json.loads(x) for x in (shared_tmp / "here" / "budget" / "metrics.jsonl").read_text().splitlines()]
         assert lines[-1]["generation"] == here["budget"]["generations"]  # logged where it ended

@@ -68,16 +68,24 @@ def rows_used(a: Algorithm, algo: Any, rows: int) -> jax.Array:
 
 class Limits(NamedTuple):
     """Where a run ends before its last generation, checked after every generation inside the
-    jitted loop: ``evaluations`` left (None: no budget) and a ``target`` fitness (None: none;
-    reached when the best so far is <= it)."""
+    jitted loop: ``evaluations`` left (None: no budget), a ``target`` fitness (None: none;
+    reached when the best so far is <= it), and stagnation: the best so far improved by no more
+    than ``tolerance`` over the last ``stagnation`` generations (None: not checked). ``window``:
+    the best so far after each of the ``stagnation`` generations before the dispatch, generation
+    g at position g % stagnation (NaN before generation 1), which the Loop fills from its history."""
 
     evaluations: int | None = None
     target: float | None = None
+    stagnation: int | None = None
+    tolerance: float = 0.0
+    window: Any = None
 
-    def data(self, dtype: Any) -> tuple[jax.Array, jax.Array]:
+    def data(self, dtype: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
         left = INT32_MAX if self.evaluations is None else max(0, min(int(self.evaluations), INT32_MAX))
         target = -np.inf if self.target is None else self.target
-        return jnp.asarray(left, jnp.int32), jnp.asarray(target, dtype)
+        window = np.zeros(0) if self.window is None else np.asarray(self.window, np.float64)
+        return (jnp.asarray(left, jnp.int32), jnp.asarray(target, dtype), jnp.asarray(self.tolerance, dtype),
+                jnp.asarray(window, dtype))
 
 
 INT32_MAX = 2**31 - 1
@@ -288,24 +296,30 @@ class DeviceEngine:
         buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
                                            for s in jax.eval_shape(row, state, state)))
         evals = jnp.zeros((MAX_CHUNK,), jnp.int32)
-        left, target = limits
+        left, target, tolerance, window = limits
         _, _, traced = jax.eval_shape(self._next_generation, state, shards, params)
         trace = tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in traced)
+        k = window.shape[0]  # stagnation's generations (0: not checked; a static shape)
 
         def more(carry):
-            i, spent, s, _, _, _ = carry
-            return (i < n) & (spent < left) & ~self.recorder.reached(s, target)
+            i, spent, s, _, _, _, _, stalled = carry
+            return (i < n) & (spent < left) & ~self.recorder.reached(s, target) & ~stalled
 
         def body(carry):
-            i, spent, s, h, e, t = carry
+            i, spent, s, h, e, t, w, stalled = carry
             s2, used, got = self._next_generation(s, shards, params)
             h = type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
             if self.trace:
                 t = tuple(buf.at[i].set(v) for buf, v in zip(t, got))
-            return i + 1, spent + used, s2, h, e.at[i].set(used), t
+            if k:  # the best k generations ago sits where this generation's goes (NaN: too early)
+                at = s2.generation % k
+                stalled = w[at] - s2.best_f <= tolerance
+                w = w.at[at].set(s2.best_f)
+            return i + 1, spent + used, s2, h, e.at[i].set(used), t, w, stalled
 
-        i, _, state, buf, evals, trace = lax.while_loop(
-            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, trace))
+        i, _, state, buf, evals, trace, _, _ = lax.while_loop(
+            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, trace, window,
+                         jnp.asarray(False)))
         return state, buf, evals, i, trace
 
     def _first_with_history(self, key: jax.Array, shards, params: Params = None):

@@ -187,16 +187,18 @@ class Run:
         coco = _coco_log(ctx, cfg, parts)
         run = cls(ctx, cfg, _loop_of(ctx, cfg, parts, coco), parts, rundir, report, stop_control)
         run.coco = coco
-        target = _target(cfg, parts.problem)
-        if cfg.run.evaluations is not None or target is not None:
+        target, stagnation = _target(cfg, parts.problem), cfg.run.stagnation_generations
+        if cfg.run.evaluations is not None or target is not None or stagnation is not None:
             if parts.islands is not None:
-                key = "run.evaluations" if cfg.run.evaluations is not None else "run.target"
+                key = ("run.evaluations" if cfg.run.evaluations is not None else "run.target" if target is not None
+                       else "run.stagnation_generations")
                 raise ConfigError(f"{cfg.source}: '{key}' ends a single population's run; with [islands] the "
                                   "run ends at run.generations (or use a hpcevo.hooks stop criterion)", key)
-            if cfg.run.target is not None and getattr(parts.problem, "num_objectives", 1) > 1:
-                raise ConfigError(f"{cfg.source}: 'run.target' is a fitness value; problem {parts.problem.name} has "
-                                  f"{parts.problem.num_objectives} objectives", "run.target")
-            run.loop.limit(cfg.run.evaluations, target)
+            if (target is not None or stagnation is not None) and getattr(parts.problem, "num_objectives", 1) > 1:
+                key = "run.target" if target is not None else "run.stagnation_generations"
+                raise ConfigError(f"{cfg.source}: '{key}' is about a fitness value; problem {parts.problem.name} has "
+                                  f"{parts.problem.num_objectives} objectives", key)
+            run.loop.limit(cfg.run.evaluations, target, stagnation, cfg.run.stagnation_tolerance)
         if options.resume:
             run.resume()
         if coco is not None:
@@ -315,6 +317,10 @@ class Run:
                     f"{self.cfg.run.target_precision!r}")
         if why == "target":
             return f"run.target: best fitness {self.loop.best_fitness:.10e} <= {self.cfg.run.target!r}"
+        if why == "stagnation":
+            r = self.cfg.run
+            return (f"run.stagnation_generations: the best improved by no more than {r.stagnation_tolerance!r} over "
+                    f"the last {r.stagnation_generations} generations")
         return None
 
     def advance(self, n: int) -> float:

@@ -221,7 +221,9 @@ class HostEngine:
         loop, failures, rows, counts, fits, xs = _loop(state), int(state.failures), [], [], [], []
         generation = int(loop.generation)
         # The same rule as the device loop's, in the run's dtype, on every rank alike.
-        target = None if limits.target is None else np.asarray(limits.target, self.algorithm.dtype)
+        dt = np.dtype(self.algorithm.dtype)
+        target = None if limits.target is None else np.asarray(limits.target, dt)
+        window = None if limits.window is None else np.asarray(limits.window, dt).copy()
         for _ in range(n):
             if limits.evaluations is not None and sum(counts) >= limits.evaluations:
                 break
@@ -235,6 +237,11 @@ class HostEngine:
             rows.append(row)
             counts.append(int(used))
             fits.append(raw)
+            if window is not None:  # the device loop's rule (engine.DeviceEngine._run_chunk), in numpy
+                at = int(loop.generation) % len(window)
+                then, window[at] = window[at], np.asarray(jax.device_get(loop.best_f), dt)
+                if then - window[at] <= dt.type(limits.tolerance):
+                    break
             xs.append(candidates)
         return _join(loop, failures), self._history(rows, counts, fits, xs)
 

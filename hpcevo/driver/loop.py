@@ -147,28 +147,40 @@ class Loop:
             if self.check_limits() is not None:
                 break
             left = None if self._limits.evaluations is None else self._limits.evaluations - self._evaluations
-            self.state, part = self.engine.advance(self.state, k, self._data(), self._limits._replace(evaluations=left))
+            limits = self._limits._replace(evaluations=left, window=self._stagnation_window())
+            self.state, part = self.engine.advance(self.state, k, self._data(), limits)
             self.generation += len(part["evaluations"])
             self._took(part)
         self.check_limits()
         return self
 
-    def limit(self, evaluations: int | None = None, target: float | None = None) -> "Loop":
+    def limit(self, evaluations: int | None = None, target: float | None = None, stagnation: int | None = None,
+              tolerance: float = 0.0) -> "Loop":
         """End ``advance`` at the generation where the evaluations so far reach ``evaluations``
         (that generation's rows all count: at most one generation's rows past the budget, as in
-        pycma) or the best fitness so far is <= ``target`` (single-objective); checked after every
-        generation inside the compiled loop, so the count is exact. None: no such limit. Both
-        are data: changing them compiles nothing. Collective: every rank passes the same."""
+        pycma), where the best fitness so far is <= ``target``, or where it has improved by no
+        more than ``tolerance`` over the last ``stagnation`` generations (single-objective; the
+        rule of ``hooks.Stagnation``). Checked after every generation inside the compiled loop,
+        so the count is exact. None: no such limit. Evaluations, target and tolerance are data
+        (changing them compiles nothing); ``stagnation`` shapes the program. Collective: every
+        rank passes the same."""
         def check() -> Limits:
             ev = None if evaluations is None else schema.check(int, evaluations, "evaluations", "Loop.limit")
             if ev is not None and ev < 1:
                 raise UsageError(f"Loop.limit: 'evaluations' must be >= 1 (or None), got {ev}")
             tg = None if target is None else schema.check(float, target, "target", "Loop.limit")
-            if tg is not None and self.engine.recorder.kind != "single-objective":
-                raise UsageError("Loop.limit: 'target' is a fitness value: for single-objective runs only")
+            st = None if stagnation is None else schema.check(int, stagnation, "stagnation", "Loop.limit")
+            tol = schema.check(float, tolerance, "tolerance", "Loop.limit")
+            if (tg is not None or st is not None) and self.engine.recorder.kind != "single-objective":
+                raise UsageError("Loop.limit: 'target' and 'stagnation' are about a fitness value: for "
+                                 "single-objective runs only")
             if tg is not None and math.isnan(tg):
                 raise UsageError("Loop.limit: 'target' must be a number, got nan")
-            return Limits(ev, tg)
+            if st is not None and st < 1:
+                raise UsageError(f"Loop.limit: 'stagnation' must be >= 1 generations (or None), got {st}")
+            if not tol >= 0:
+                raise UsageError(f"Loop.limit: 'tolerance' must be >= 0, got {tol}")
+            return Limits(ev, tg, st, tol)
 
         self._limits = agreed(self.ctx, "Loop.limit", check, repr, arguments.differ)
         self.met = None
@@ -185,7 +197,28 @@ class Loop:
         elif lim.target is not None and self.engine.recorder.kind == "single-objective" and bool(
                 np.asarray(jax.device_get(self.state.best_f)) <= np.asarray(lim.target, self._algorithm.dtype)):
             self.met = "target"
+        elif lim.stagnation is not None and self._stalled(lim.stagnation, lim.tolerance):
+            self.met = "stagnation"
         return self.met
+
+    def _stalled(self, k: int, tolerance: float) -> bool:
+        # hooks.Stagnation's rule, in the run's dtype as the compiled loop computes it.
+        best = self.history.get("best")
+        if best is None or len(best) <= k:
+            return False
+        dt = np.dtype(self._algorithm.dtype)
+        return bool(dt.type(best[-1 - k]) - dt.type(best[-1]) <= dt.type(tolerance))
+
+    def _stagnation_window(self) -> np.ndarray | None:
+        """The best so far after each of the last ``stagnation`` generations, generation g at
+        position g % stagnation, NaN before generation 1 (``engine.Limits.window``)."""
+        k = self._limits.stagnation
+        if k is None:
+            return None
+        best, window = self.history["best"], np.full(k, np.nan)
+        for g in range(max(1, self.generation - k + 1), self.generation + 1):
+            window[g % k] = best[g - 1]
+        return window
 
     def _took(self, part: dict[str, np.ndarray]) -> None:
         used = part["evaluations"]

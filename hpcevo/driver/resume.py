@@ -24,6 +24,7 @@ from .rundir import option
 # host evaluations are scheduled: tested bitwise). Everything else in the resolved config is
 # locked, so a key added to the schema is locked until it is shown to be harmless here.
 FREE = ("run.generations", "run.evaluations", "run.target", "run.target_precision",
+        "run.stagnation_generations", "run.stagnation_tolerance",
         "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "parallel.device",
         "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus", "evaluation.concurrency",
         "evaluation.schedule")
