@@ -125,6 +125,10 @@ class Engine(Protocol):
 
     algorithm: Algorithm
     recorder: Any  # recording.SingleObjective or MultiObjective
+    # "" | "f" | "fx": each generation's fitness (and candidates) come back with the history
+    # ("fitness", "x"), for Loop(observe=...); max_chunk: the most generations a dispatch holds.
+    trace: str
+    max_chunk: int
 
     @property
     def microbatches(self) -> int:
@@ -141,7 +145,7 @@ class Engine(Protocol):
 
     def advance(self, state: Any, n: int, params: Params = None,
                 limits: "Limits" = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
-        """n (1..MAX_CHUNK) more generations, fewer when ``limits`` end the run: the history
+        """n (1..max_chunk) more generations, fewer when ``limits`` end the run: the history
         has one row per generation run, ``evaluations`` among its series (rows used each).
         ``state`` is donated (do not reuse it)."""
 
