@@ -300,7 +300,8 @@ def test_mo_run_logs_metrics_and_resumes_at_another_rank_count(ctx, shared_tmp):
         ck = checkpoint.list_checkpoints(shared_tmp / "split" / "checkpoints")[0]
         a = checkpoint.read_history(shared_tmp / "whole" / "checkpoints" / ck.name)
         b = checkpoint.read_history(ck)
-        assert sorted(a) == ["front_size", "hv", "igd", "nonfinite"] and len(a["hv"]) == 20
+        assert sorted(a) == ["evaluations", "front_size", "hv", "igd", "nonfinite"] and len(a["hv"]) == 20
+        assert list(a["evaluations"]) == [13] * 20  # rows used per generation (pop_size 13)
         for k in a:
             assert a[k].tobytes() == b[k].tobytes(), k
         import h5py

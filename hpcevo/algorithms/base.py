@@ -82,14 +82,6 @@ class Algorithm(Protocol):
         """Generation 1's tell (default: ``tell``)."""
         return self.tell(state, fitness)
 
-    def rows_used(self, state: State) -> Any:
-        """How many leading rows of the batch just asked (``state``: after ``ask``) the strategy
-        uses; the rest are samples its update ignores (IPOP/BIPOP-CMA-ES ask for their largest
-        population every generation, one program for every restart). Only used rows count as
-        evaluations, can be the best so far, or reach COCO's logger; a host problem evaluates
-        only them. None: all of them."""
-        return None
-
     def population(self, state: State) -> tuple[jax.Array, jax.Array]:
         """The current population and its fitness, ``(pop, dim)`` and ``(pop,)`` (``(pop, m)``
         for m objectives). Strategies that keep a search distribution rather than a population
@@ -181,6 +173,15 @@ class BaseAlgorithm(Algorithm):
 
     def tell(self, state: State, fitness: jax.Array) -> State:
         raise NotImplementedError
+
+    # Optional, read with getattr (outside the protocol, whose members isinstance requires):
+    def rows_used(self, state: State) -> Any:
+        """How many leading rows of the batch just asked (``state``: after ``ask``) the strategy
+        uses; the rest are samples its update ignores (IPOP/BIPOP-CMA-ES ask for their largest
+        population every generation, one program for every restart). Only used rows count as
+        evaluations, can be the best so far, or reach COCO's logger; a host problem evaluates
+        only them, and the device skips the micro-batches past them. None: all of them."""
+        return None
 
     # -- helpers -------------------------------------------------------------------------------
     def bounds(self) -> tuple[jax.Array, jax.Array]:

@@ -13,6 +13,15 @@ Two kinds:
   number of the generation being evaluated (1 = the initial population).
 * ``HostProblem``: NumPy code or an external program, evaluated on the host outside JIT
   (``problems/host.py``): ``evaluate_rows(x, first, generation) -> (values, failures)``.
+
+One more optional part of a JAX problem, read with ``getattr`` and so left out of the protocol
+(a protocol's every member is required by ``isinstance``, which would refuse objects written to
+the members above): instance data as arguments of the compiled programs rather than constants
+in them. ``program_data`` (a pytree of arrays; None or absent: none), ``program`` (a hashable id
+of the code, e.g. BBOB's function, dimension and box) and ``evaluate_with(x, program_data[,
+generation])``: a run passes the data into its programs, and problems with equal ``program``
+share one compiled program whatever their data (COCO's 15 instances of a function compile once;
+``bbob.py``).
 """
 
 from __future__ import annotations
@@ -42,17 +51,6 @@ class Problem(Protocol):
     def evaluate(self, x: Any, *generation: Any) -> Any:
         """``(n, dim) -> (n,)``, or ``(n, num_objectives)``."""
         ...
-
-    # Instance data as an argument of the compiled programs, not constants in them (None: none):
-    # then ``evaluate_with(x, program_data[, generation])`` is what runs, and problems with equal
-    # ``program`` (a hashable id of the code: BBOB's function, dimension and box) share one
-    # compiled program whatever their data (COCO's 15 instances of a function compile once).
-    program_data: Any = None
-    program: Any = None
-
-    def evaluate_with(self, x: Any, data: Any, *generation: Any) -> Any:
-        """``evaluate`` with the instance data ``data`` (problems with ``program_data`` only)."""
-        raise NotImplementedError
 
     def pareto_front(self) -> np.ndarray | None:
         """Points of the true Pareto front, float64 ``(r, m)``, for IGD; None: unknown."""
