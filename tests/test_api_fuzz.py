@@ -250,7 +250,9 @@ def test_no_api_call_ends_in_a_hang_a_bare_exception_or_different_endings(ctx, s
     print("API fuzz:", seen)
     if ctx.size in (1, 3):
         assert len(cases) >= 100 and seen["differing"] >= 30
-    assert seen["ok"] >= len(cases) // 10 and seen["error"] >= len(cases) // 3, seen
+    # (The mix, not a result: at 3 ranks 14 of 150 end well since a run whose first generation
+    # failed everywhere is an error, as host=True on a JAX function of one candidate now is.)
+    assert seen["ok"] >= len(cases) // 12 and seen["error"] >= len(cases) // 3, seen
 
 
 class hangs_end_the_job:
