@@ -103,6 +103,10 @@ def _jobs_parser(sub) -> None:
     g.add_argument("--python", help="interpreter in the job (default: this one)")
     g.add_argument("--workdir", help="directory the job runs in (default: where it is submitted)")
     g.add_argument("--max-requeues", type=int, default=10)
+    g.add_argument("--min-nodes", type=int, default=1,
+                   help="Slurm: after losing nodes, go on with the rest if at least this many are left (default 1)")
+    g.add_argument("--max-relaunches", type=int, default=3,
+                   help="Slurm: relaunches on the nodes left within one allocation (default 3; 0: requeue instead)")
     g.add_argument("--prologue", action="append", default=[], metavar="LINE",
                    help="site set-up line, e.g. 'module load cuda' (repeatable)")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",

@@ -165,6 +165,28 @@ class CheckpointSection(_Section):
         return v
 
 
+class FaultSection(_Section):
+    # A watchdog on every rank ends the job (exit code 76) when a phase of the run takes far
+    # longer than it should: that is how a rank that stopped answering (its node died) shows
+    # itself to the others, which would otherwise wait inside a collective until the scheduler
+    # notices (5.5 minutes with Slurm's defaults). Runs with more than one rank only.
+    watchdog: bool = True
+    # A dispatch of generations, or the boundary work after one, may take `slowdown` times the
+    # slowest of the recent ones (so a run that slows down gradually is never ended), and
+    # never less than min_seconds: about the time a lost node takes to be noticed.
+    slowdown: float = Field(10.0, ge=2)
+    min_seconds: float = Field(30.0, gt=0)
+    # Fixed allowances: start-up (building, reading the checkpoint to resume from); compiling
+    # with the first generation (ranks still compiling keep the others waiting there); a
+    # checkpoint write (or slowdown x the slowest one written, if longer).
+    startup_seconds: float = Field(600.0, gt=0)
+    compile_seconds: float = Field(1800.0, gt=0)
+    checkpoint_seconds: float = Field(600.0, gt=0)
+    # How often each rank tells rank 0 (and a deputy on another host) it is alive, by UDP: what
+    # lets the watchdog's message name the ranks and hosts that stopped answering.
+    heartbeat_seconds: float = Field(2.0, gt=0, le=60)
+
+
 class IslandOverride(_Section):
     # Which islands this entry changes (0-based; default: the entry's own position in the list)
     # and the [algorithm] keys it sets for them. A new algorithm name starts from that
@@ -196,6 +218,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointSection = CheckpointSection()
     evaluation: EvaluationSection = EvaluationSection()
     islands: IslandsSection | None = None
+    fault: FaultSection = FaultSection()
     # Where it came from ("examples/cso.toml (with --set ...)"): the prefix of every message.
     _source: str = PrivateAttr(default="config")
 

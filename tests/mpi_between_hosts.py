@@ -9,6 +9,12 @@ With ``ring``: hpcevo's parallel context is made, then each rank talks only to i
 neighbours and exits (MPI_Finalize then needs every pair of ranks connected: see
 hpcevo.parallel.context.connect_every_pair). Rank 0 prints RING-DONE.
 
+With ``startup``: what hpcevo's start-up costs at this rank count: the time of
+``connect_every_pair`` alone, then of ``context_for(COMM_WORLD)`` (node split, probes, and the
+pairs again, now connected), the file descriptors MPI holds after MPI_Init and after the context
+(counted from before MPI was imported), and the fd limits before and after hpcevo raises the
+soft one. Rank 0 prints STARTUP and a JSON object (the maximum over ranks of each figure).
+
 With ``gpu-binding``: the GPU each rank would take, decided by hpcevo's binding rules from what
 the rank really sees (Slurm's CUDA_VISIBLE_DEVICES, its node's ranks), as if JAX's CUDA plugin
 were installed. Rank 0 prints GPU-BINDING and a JSON list, one entry per rank.
@@ -21,8 +27,10 @@ import os
 import socket
 from pathlib import Path
 
-import numpy as np
-from mpi4py import MPI
+FDS_BEFORE_MPI = len(os.listdir("/proc/self/fd"))
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 SIZE = 64 * 2**20
 
@@ -70,6 +78,39 @@ def ring() -> None:
         print("RING-DONE", flush=True)
 
 
+def startup() -> None:
+    import resource
+    import time
+
+    from hpcevo.parallel.context import connect_every_pair, context_for, raise_fd_limit
+
+    comm = MPI.COMM_WORLD
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    raise_fd_limit()
+    at_init = len(os.listdir("/proc/self/fd"))
+    comm.Barrier()
+    t = time.perf_counter()
+    probe = comm.Clone()
+    connect_every_pair(probe)  # alone first: its own cost (context_for's is then a repeat)
+    connect = time.perf_counter() - t
+    probe.Free()
+    comm.Barrier()
+    t = time.perf_counter()
+    ctx = context_for(comm)
+    seconds = time.perf_counter() - t
+    after = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    worst = np.zeros(4)
+    comm.Allreduce(np.array([seconds, at_init - FDS_BEFORE_MPI, after - FDS_BEFORE_MPI, connect], dtype=float),
+                   worst, op=MPI.MAX)
+    if comm.rank == 0:
+        print("STARTUP " + json.dumps({"ranks": comm.size, "hosts": len(ctx.hosts), "connect_s": worst[3],
+                                       "context_s": worst[0],
+                                       "fds_mpi_init": int(worst[1]), "fds_after_context": int(worst[2]),
+                                       "fd_soft_before": before, "fd_soft": soft, "fd_hard": hard}),
+              flush=True)
+
+
 def gpu_binding() -> None:
     import dataclasses
 
@@ -89,4 +130,4 @@ def gpu_binding() -> None:
 if __name__ == "__main__":
     import sys
 
-    {"ring": ring, "gpu-binding": gpu_binding}.get(sys.argv[1] if sys.argv[1:] else "", main)()
+    {"ring": ring, "gpu-binding": gpu_binding, "startup": startup}.get(sys.argv[1] if sys.argv[1:] else "", main)()

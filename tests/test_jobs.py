@@ -31,7 +31,7 @@ def req(scheduler="slurm", **kw) -> JobRequest:
 
 
 # -- linting: directives parsed as the scheduler parses them -----------------------------------
-SBATCH_KEYS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "time", "signal",
+SBATCH_KEYS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "time", "signal", "no-kill",
                "requeue", "open-mode", "output", "account", "partition", "qos", "array"}
 PBS_OPTIONS = {"-N", "-l", "-r", "-j", "-o", "-q", "-A", "-J"}
 
@@ -102,7 +102,8 @@ def test_slurm_gpu_nodes(nodes, gpus):
     assert (d["account"], d["partition"], d["qos"]) == ("p42", "gpu", "high")
     assert "requeue" in d and d["open-mode"] == "append" and d["job-name"] == "cso-ackley"
     assert f"NRANKS={nodes * gpus}\n" in text
-    assert "srun --mpi=pmi2 --ntasks=\"$NRANKS\"" in text and "--cpu-bind=cores" in text
+    assert "srun --mpi=pmi2 --nodes=\"$NNODES\" --ntasks=\"$NRANKS\"" in text and "--cpu-bind=cores" in text
+    assert "no-kill" in d and f"NNODES={nodes}\n" in text
     assert "export HDF5_USE_FILE_LOCKING=FALSE" in text
     assert ("XLA_PYTHON_CLIENT_PREALLOCATE=false" in text) == (gpus > 1)
     assert run_args(text)[:2] == ["run", EXAMPLE]
@@ -134,7 +135,7 @@ def test_slurm_pmix_and_seed_array():
 
 def _array_snippet(text: str) -> str:
     start = text.index("RUN_ARGS=(")
-    end = text.index("# -- launcher")
+    end = min(text.index(m) for m in ("# -- launcher", "# -- a node lost") if m in text)
     return "\n".join(ln for ln in text[start:end].splitlines() if not ln.startswith("export")) + "\n"
 
 
@@ -494,3 +495,92 @@ def test_zero_is_refused_not_taken_for_the_default(option, capsys):
 def test_values_that_cannot_stay_values_are_refused(kw, message):
     with pytest.raises(UsageError, match=re.escape(message)):
         render(req(**kw))
+
+
+# -- a node lost: the Slurm job goes on with the nodes left ------------------------------------
+FAKE_SRUN = """#!/bin/bash
+# A probe step (-w NODE true) answers unless NODE is in $DEAD; a launch logs its arguments and
+# plays the run: the first ends as hpcevo's watchdog ends it after losing $LOST (exit 76, the
+# exit file, the lost hosts), later ones complete.
+args="$*"
+if [ "${@: -1}" = true ]; then
+  node=$(echo "$args" | sed -n 's/.* -w \\([^ ]*\\) .*/\\1/p')
+  case " $DEAD " in *" $node "*) exit 1 ;; esac
+  exit 0
+fi
+echo "$args" >> "$LOG_DIR/launches.log"
+if [ "$(wc -l < "$LOG_DIR/launches.log")" -le "${FAILS:-1}" ]; then
+  printf '%s\\n' $LOST > "$HPCEVO_EXIT_FILE.lost"
+  echo 76 > "$HPCEVO_EXIT_FILE"
+  exit 137
+fi
+exit 0
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1" in
+  show) echo node1; echo node2; echo node3 ;;
+  requeue) echo "requeue $2" >> "$LOG_DIR/requeue.log" ;;
+esac
+"""
+
+
+def run_slurm_job(tmp_path: Path, lost: str, dead: str = "", fails: int = 1, **kw) -> tuple[int, str, list[str]]:
+    """The rendered 3-node job under bash with a stand-in srun and scontrol."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render(req(nodes=3, ranks_per_node=2, **kw)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "HYDRA_"))}
+    env.update(PATH=f"{bin_}:{env['PATH']}", LOG_DIR=str(tmp_path), LOST=lost, DEAD=dead, FAILS=str(fails),
+               SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node[1-3]", SLURM_RESTART_COUNT="0")
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    launches = (tmp_path / "launches.log").read_text().splitlines()
+    return r.returncode, r.stderr, launches
+
+
+@pytest.mark.single_process
+def test_slurm_job_relaunches_on_the_nodes_left_excluding_the_lost_ones(tmp_path):
+    """node2 named lost by the watchdog, node3 not answering a probe: the run is relaunched, with
+    --overlap (the lost step may still hold the CPUs), on node1 alone at its rank count."""
+    text = render(req(nodes=3, ranks_per_node=2))
+    assert "#SBATCH --no-kill" in text and "#SBATCH --requeue" in text
+    rc, err, launches = run_slurm_job(tmp_path, lost="node2", dead="node3")
+    assert rc == 0, err
+    assert len(launches) == 2
+    assert "--nodes=3 --ntasks=6 " in launches[0] and "--overlap" not in launches[0]
+    assert "--nodes=1 --ntasks=2 --ntasks-per-node=2" in launches[1]
+    assert "--overlap --exclude=node2,node3" in launches[1] and "--resume" in launches[1]
+    assert "lost: node2 node3; still answering: node1" in err
+    assert "relaunch 1 of at most 3: 2 ranks on 1 node(s) (node1)" in err
+    assert not (tmp_path / "requeue.log").exists()
+    assert not list(tmp_path.glob(".hpcevo-exit.*"))
+
+
+@pytest.mark.single_process
+def test_slurm_job_requeues_when_fewer_than_min_nodes_are_left_or_relaunches_are_spent(tmp_path):
+    (tmp_path / "a").mkdir()
+    rc, err, launches = run_slurm_job(tmp_path / "a", lost="node2", min_nodes=3)
+    assert rc == 0 and len(launches) == 1, err
+    assert "fewer than 3 node(s) left (--min-nodes): requeueing instead" in err
+    assert (tmp_path / "a" / "requeue.log").read_text() == "requeue 7\n"
+    (tmp_path / "b").mkdir()
+    rc, err, launches = run_slurm_job(tmp_path / "b", lost="node3", fails=9, max_relaunches=2)
+    assert len(launches) == 3 and "2 relaunches done (--max-relaunches): requeueing instead" in err, err
+    assert (tmp_path / "b" / "requeue.log").read_text() == "requeue 7\n"
+
+
+@pytest.mark.single_process
+def test_slurm_job_does_not_relaunch_when_no_node_was_lost(tmp_path):
+    """Exit 76 with every node answering (a rank stuck in the problem's code): the run's own
+    failure, which a relaunch would repeat. Without relaunches the job has no --no-kill."""
+    rc, err, launches = run_slurm_job(tmp_path, lost="")
+    assert rc == 76 and len(launches) == 1, err
+    assert "relaunch" not in err.replace("relaunches", "")
+    text = render(req(nodes=3, ranks_per_node=2, max_relaunches=0))
+    assert "#SBATCH --no-kill" not in text and "MAX_RELAUNCHES=0" in text
+    assert "#SBATCH --no-kill" not in render(req(nodes=2, launcher="mpiexec"))
+    with pytest.raises(UsageError, match="--min-nodes 4: must be between 1 and --nodes"):
+        render(req(nodes=3, min_nodes=4))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def cluster(tmp_path_factory):
     reason = cluster_unavailable()
     if reason:
         pytest.skip(f"no simulated cluster here: {reason}")
-    with private_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, cpus=2) as c:
+    # SlurmdTimeout at Slurm's default: a node failure must be noticed by hpcevo, not by Slurm.
+    with private_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, cpus=2, slurmd_timeout=300) as c:
         yield c
 
 
@@ -124,22 +126,26 @@ def test_every_pair_of_ranks_is_connected_so_that_finalize_cannot_hang(cluster):
         assert "RING-DONE" in out, (attempt, out)
 
 
-def until_done(cluster, job: str, timeout: float) -> dict[str, str]:
-    """The job's record once it has ended for good (a NODE_FAIL on the way is requeued)."""
-    done = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
-    wait_for(lambda: cluster.job(job)["JobState"] in done, timeout, f"job {job} ending")
-    return cluster.job(job)
-
-
 def ranks_on(cluster, node: str) -> list[str]:
     """hpcevo ranks (not their srun) running on ``node``."""
     return [c for c in cluster.net[node].processes(RUN) if not c.startswith("srun")]
 
 
-def test_node_killed_mid_run_the_job_ends_requeues_and_resumes_to_the_same_digest(cluster, tmp_path):
-    """One of the job's 2 nodes dies (cable, then every process) after a checkpoint: no rank is
-    left on the other node, Slurm requeues the job (#SBATCH --requeue) onto the nodes still up,
-    it resumes from the last checkpoint and ends with the digest of an uninterrupted run."""
+def log_time(log: str, marker: str) -> float:
+    """The epoch time of the job log's first line holding ``marker`` (its `date '+%F %T'`)."""
+    import datetime
+
+    line = next(ln for ln in log.splitlines() if marker in ln)
+    stamp = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)[1]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+
+
+def test_node_killed_mid_run_is_noticed_in_seconds_and_the_run_goes_on_with_the_node_left(cluster, tmp_path):
+    """One of the job's 2 nodes dies (cable, then every process) after a checkpoint, on a cluster
+    whose Slurm notices a dead node after 300 s (SlurmdTimeout's default). hpcevo's watchdog ends
+    the ranks left on the other node within a minute, naming the lost host; the job keeps its
+    allocation (--no-kill), relaunches the run on the node that is left at 2 ranks, and it
+    resumes from its newest checkpoint to the digest of an uninterrupted run: no requeue."""
     gens = 2000
     job = submit_2_nodes(cluster, tmp_path, f"run.generations={gens}", "log.every=10", "checkpoint.every=100")
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -149,33 +155,34 @@ def test_node_killed_mid_run_the_job_ends_requeues_and_resumes_to_the_same_diges
     (victim,) = [n for n in nodes if n != batch]
     assert len(ranks_on(cluster, batch)) == 2 and len(ranks_on(cluster, victim)) == 2
     at_kill = generation(tmp_path)
+    log_path = tmp_path / f"job-{job}.out"
 
-    t0 = time.monotonic()
+    killed = time.time()
     cluster.kill_node(victim)
-    noticed = wait_for(lambda: cluster.job(job)["JobState"] != "RUNNING" or cluster.job(job)["Restarts"] != "0",
-                       120, "Slurm noticing the node failure")
-    ranks_gone = wait_for(lambda: not ranks_on(cluster, batch), 120, "the ranks on the surviving node ending")
-    ranks_gone += noticed
-    final = until_done(cluster, job, 600)
-    took = time.monotonic() - t0
+    wait_for(lambda: "ranks exited with code 76" in log_path.read_text(), 120, "the step ending")
+    wait_for(lambda: "ranks exited with code 0" in log_path.read_text(), 600, "the relaunched run ending")
+    done = time.time()
+    log = log_path.read_text()
+    step_ended = log_time(log, "ranks exited with code 76") - killed
+    relaunched = log_time(log, "relaunch 1 of at most") - killed
 
-    assert final["JobState"] == "COMPLETED" and final["Restarts"] == "1", final
-    assert victim not in hostnames(cluster, final["NodeList"]) and cluster.node_states()[victim].startswith("down")
-    log = (tmp_path / f"job-{job}.out").read_text()
-    assert "DUE TO NODE FAILURE" in log
-    resumed = log.split("DUE TO NODE FAILURE")[-1]
+    assert step_ended < 60, log
+    assert f"host lost: {victim}" in log and f"ranks 2-3 on {victim}" in log, log
+    assert f"lost: {victim}; still answering: {batch}" in log
+    assert f"relaunch 1 of at most 3: 2 ranks on 1 node(s) ({batch})" in log
+    assert cluster.job(job)["Restarts"] == "0"  # the same allocation: no requeue
+    resumed = log.split("relaunch 1 of at most")[1]
     assert "resuming from 'run/checkpoints/gen-" in resumed
     assert f"written by 4 ranks on 2 hosts ({', '.join(nodes)})" in resumed
-    assert log.count("ranks exited with code 0") == 1
     s = summary(tmp_path)
-    assert (s["ranks"], s["generations"], s["status"]) == (4, gens, "complete")
+    assert (s["ranks"], s["generations"], s["status"]) == (2, gens, "complete")
     assert s["state_digest"] == reference(tmp_path.parent, gens)
-    print(f"\nnode failure: {victim} killed at generation {at_kill}; Slurm noticed after {noticed:.1f} s, the ranks "
-          f"on {batch} were gone after {ranks_gone:.1f} s; requeued onto {final['NodeList']}, completed "
-          f"{took:.1f} s after the kill")
+    print(f"\nnode failure: {victim} killed at generation {at_kill}; the step ended {step_ended:.0f} s later "
+          f"(watchdog), the run was relaunched on {batch} after {relaunched:.0f} s and completed after "
+          f"{done - killed:.0f} s, in the same allocation")
 
     cluster.revive_node(victim)
-    wait_for(cluster.all_idle, 120, f"{victim} back in service")
+    wait_for(cluster.all_idle, 180, f"{victim} back in service")
 
 
 def test_usr1_across_2_nodes_requeues_resumes_and_the_checkpoint_reads_at_3_ranks(cluster, tmp_path):
@@ -246,3 +253,102 @@ def test_gpu_template_binds_one_gpu_per_rank_on_each_node(cluster, tmp_path, lau
     assert [r["gpu"] for r in rows] == ["0", "1", "0", "1"]
     assert {r["source"] for r in rows} == {source}
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in rows] == ["0", "1", "0", "1"]
+
+
+def test_start_up_cost_and_descriptors_against_the_rank_count(cluster):
+    """hpcevo's start-up across 3 simulated nodes at 3 to 48 ranks (srun --overcommit on nodes of 2
+    CPUs): the time of connect_every_pair and of the whole parallel context, and the file
+    descriptors MPI holds. After start-up a rank holds one per remote peer (UCX's TCP
+    connections; a node's own ranks meet in shared memory) beside a fixed dozen: n - 1 at n
+    ranks on n hosts, which the usual soft limit of 1024 stops near 1,000 ranks. hpcevo raises
+    the soft limit to the hard one (here from 1024, set for the test). The figures, with 96
+    ranks, are in docs/performance.md."""
+    rows = []
+    for per_node in (1, 2, 4, 8, 16):
+        t0 = time.monotonic()
+        out = cluster.run("bash", "-c", f"ulimit -Sn 1024; exec srun --mpi=pmi2 --overcommit --kill-on-bad-exit=1 "
+                          f"--nodes=3 --ntasks={3 * per_node} --distribution=block {sys.executable} {PROBE} startup",
+                          timeout=240)
+        row = json.loads(next(ln for ln in out.splitlines() if ln.startswith("STARTUP "))[len("STARTUP "):])
+        row["srun_s"] = time.monotonic() - t0
+        rows.append(row)
+        n, remote = row["ranks"], row["ranks"] - per_node
+        assert row["hosts"] == 3 and n == 3 * per_node
+        assert row["fd_soft_before"] == 1024 and row["fd_soft"] == row["fd_hard"] > 1024
+        assert remote <= row["fds_after_context"] <= remote + 24, row  # one per remote peer, and a dozen
+    print("\nranks  connect (s)  context (s)  fds at MPI_Init  fds after  srun in all (s)")
+    for r in rows:
+        print(f"{r['ranks']:5d}  {r['connect_s']:11.3f}  {r['context_s']:11.3f}  {r['fds_mpi_init']:15d}  "
+              f"{r['fds_after_context']:9d}  {r['srun_s']:15.1f}")
+
+
+STUDY = """
+[study]
+name = "{name}"
+out = "{out}"
+seeds = 2
+ranks_per_run = 2
+[base]
+run.generations = 12000
+algorithm.name = "cso"
+algorithm.pop_size = 128
+problem.dim = 20
+log.every = 100
+checkpoint.every = 500
+[[axis]]
+key = "problem.name"
+values = ["sphere", "rastrigin"]
+"""
+
+
+def study_digests(out: Path) -> dict[str, tuple[str, str]]:
+    return {p.parent.name: (s["status"], s["state_digest"]) for p in out.glob("runs/*/summary.json")
+            for s in [json.loads(p.read_text())]}
+
+
+def test_node_killed_mid_study_the_study_goes_on_and_ends_with_the_digests_of_one_rank(cluster, tmp_path):
+    """A study of 4 runs in groups of 2 ranks on 2 nodes (a group per node). node2 dies mid-run:
+    node1's group goes on with its runs; waiting for the next one, rank 0's watchdog finds
+    every rank of node2 silent and ends the job (76); it is relaunched on node1, and the study,
+    resumed, keeps the runs done, resumes the one that was on node2 from its checkpoint, runs
+    the rest, and every run's digest equals the same study's run on one rank."""
+    spec = tmp_path / "lost.toml"
+    spec.write_text(STUDY.format(name="lost", out=tmp_path / "study"))
+    job = cluster.submit(tmp_path, spec, "--study", "--nodes", "2", "--ranks-per-node", "2")
+    journal = tmp_path / "study" / "journal.jsonl"
+
+    def ended() -> int:
+        return sum('"event": "end"' in ln for ln in journal.read_text().splitlines()) if journal.exists() else 0
+
+    def in_progress_with_a_checkpoint() -> bool:
+        return any(not (c.parent.parent / "summary.json").exists()
+                   for c in (tmp_path / "study").glob("runs/*/checkpoints/gen-*.h5"))
+
+    wait_for(lambda: ended() >= 1 and in_progress_with_a_checkpoint(), 300, "runs")
+    info = cluster.job(job)
+    victim = next(n for n in hostnames(cluster, info["NodeList"]) if n != info["BatchHost"])
+    killed, runs_ended = time.time(), ended()
+    cluster.kill_node(victim)
+    log_path = tmp_path / f"job-{job}.out"
+    wait_for(lambda: "ranks exited with code 0" in log_path.read_text(), 900, "the relaunched study ending")
+    log = log_path.read_text()
+    assert "every rank of a host sent no heartbeat" in log and f"host lost: {victim}" in log, log
+    assert f"lost: {victim}; still answering: {info['BatchHost']}" in log and "relaunch 1 of at most 3" in log
+    assert cluster.job(job)["Restarts"] == "0"
+    got = study_digests(tmp_path / "study")
+    assert len(got) == 4 and {s for s, _ in got.values()} == {"complete"}
+    resumed = [json.loads(p.read_text())["resumed_from"] for p in (tmp_path / "study").glob("runs/*/summary.json")]
+    assert any(resumed), "no run was resumed from a checkpoint"
+
+    ref = tmp_path / "ref.toml"
+    ref.write_text(STUDY.format(name="ref", out=tmp_path / "ref").replace("ranks_per_run = 2", "ranks_per_run = 1"))
+    r = subprocess.run([sys.executable, "-m", "hpcevo", "study", "run", str(ref), "-q"], capture_output=True,
+                       text=True, env=slurm_cluster.launcher_free_env(), timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert study_digests(tmp_path / "ref") == got
+    print(f"\nstudy: {victim} killed after {runs_ended} run(s) ended; the step ended "
+          f"{log_time(log, 'ranks exited with code 76') - killed:.0f} s later, the study "
+          f"{log_time(log, 'ranks exited with code 0') - killed:.0f} s later, relaunched on "
+          f"{info['BatchHost']}, {sum(map(bool, resumed))} run(s) resumed from a checkpoint")
+    cluster.revive_node(victim)
+    wait_for(cluster.all_idle, 180, f"{victim} back in service")

@@ -22,13 +22,14 @@ from ..errors import EXIT_STOPPED, CheckpointError, ConfigError, UsageError
 from ..hooks import Hooks
 from ..parallel import ParallelContext, bcast_from_root, collective_stage, user_code
 from ..parallel.info import oversubscription
+from ..parallel.watchdog import Watchdog
 from ..provenance import versions
 from . import build, noisy, startup
 from .archipelago import Archipelago
 from .coco_log import CocoLog
 from .engine import MAX_CHUNK
 from .loop import Loop
-from .policy import CheckpointPolicy, Schedule, next_chunk
+from .policy import CheckpointPolicy, PhaseLimits, Schedule, next_chunk
 from .report import Reporter
 from .resume import FREE, FREE_IF_BLOCK_INVARIANT, resume_point
 from .rundir import FACES, RecordWriter, RunDir, RunPaths, option
@@ -120,31 +121,47 @@ def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(), options: 
 
 def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions,
              hooks: Hooks) -> tuple[dict[str, Any], dict[str, Any]]:
-    run = Run.start(ctx, cfg, held, options)
-    run.hooks = hooks
-    G = cfg.run.generations
-    with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
-        gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
-        while True:
-            met = run.met()
-            if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
-                said = run.log(gen, metrics)
-                ended = said if gen < G else None
-            ended = ended or met
-            decision = run.stop.poll(chunk)
-            stopping = gen < G and decision.stop and ended is None
-            if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due):
-                run.write_checkpoint(gen)
-            if gen >= G or stopping or ended is not None:
-                break
-            target = run.schedule.next_target(gen, decision.chunk)
-            chunk = next_chunk(target - gen, run.advance(target - gen))
-            gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
-        outcome = run.outcome()
-        run.loop.close()
-        with collective_stage(ctx), user_code(ctx, "a hook"):
-            hooks.close()
-    return run.finish(outcome, decision if stopping else None, ended), run.loop.history
+    fault = cfg.fault
+    with Watchdog.start(ctx, heartbeat_seconds=fault.heartbeat_seconds, enabled=fault.watchdog) as dog:
+        limits = PhaseLimits(fault)
+        dog.arm("start-up", *limits.startup())
+        run = Run.start(ctx, cfg, held, options)
+        run.hooks = hooks
+        G = cfg.run.generations
+        dog.arm("compiling and the first generation", *limits.compile())
+        run.compile()
+        with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
+            gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
+            while True:
+                t = time.perf_counter()
+                dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+                met = run.met()
+                if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
+                    said = run.log(gen, metrics)
+                    ended = said if gen < G else None
+                ended = ended or met
+                decision = run.stop.poll(chunk)
+                stopping = gen < G and decision.stop and ended is None
+                limits.note_boundary(time.perf_counter() - t)
+                if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due):
+                    dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
+                    limits.note_checkpoint(run.write_checkpoint(gen))
+                if gen >= G or stopping or ended is not None:
+                    break
+                target = run.schedule.next_target(gen, decision.chunk)
+                dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
+                        *limits.dispatch(target - gen))
+                seconds = run.advance(target - gen)
+                limits.note_dispatch(target - gen, seconds)
+                chunk = next_chunk(target - gen, seconds)
+                gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
+            dog.arm("finishing", *limits.startup())
+            outcome = run.outcome()
+            run.loop.close()
+            with collective_stage(ctx), user_code(ctx, "a hook"):
+                hooks.close()
+        summary = run.finish(outcome, decision if stopping else None, ended)
+        return summary, run.loop.history
 
 
 # Islands hosted by one rank from which start-up warns of the compile time they cost.
@@ -171,7 +188,8 @@ class Run:
 
     @classmethod
     def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
-        """Build, prepare the run directory, find the checkpoint to resume from, compile."""
+        """Build, prepare the run directory, find the checkpoint to resume from (``compile``
+        comes next)."""
         parts = Built.of(ctx, cfg, held, options.reuse)
         if cfg.run.reevaluate and getattr(parts.problem, "num_objectives", 1) > 1:
             raise ConfigError(f"run.reevaluate = {cfg.run.reevaluate}: problem {parts.problem.name} has "
@@ -205,7 +223,6 @@ class Run:
             coco.start(run.resumed_at)
         rundir.start(parts.config_text, run.resumed_at)
         run.announce()
-        run.compile()
         return run
 
     def resume(self) -> None:
@@ -365,7 +382,7 @@ class Run:
                 reason = self.hooks.reason(dict(rec), self.loop)
         return bcast_from_root(self.ctx, reason) if self.hooks.criteria else None
 
-    def write_checkpoint(self, gen: int) -> None:
+    def write_checkpoint(self, gen: int) -> float:
         t = time.perf_counter()
         ck = self.cfg.checkpoint
         try:
@@ -385,6 +402,7 @@ class Run:
         self.stop.checkpoint_written(seconds)
         self.policy.last = gen
         self.report.line(f"checkpoint {self.last_checkpoint.name} written in {seconds:.2f} s", progress=True)
+        return seconds
 
     def outcome(self) -> dict[str, Any]:
         """What the final state holds: the recorder's summary and the digest; with

@@ -25,7 +25,7 @@ from .rundir import option
 # locked, so a key added to the schema is locked until it is shown to be harmless here.
 FREE = ("run.generations", "run.evaluations", "run.target", "run.target_precision",
         "run.stagnation_generations", "run.stagnation_tolerance",
-        "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "parallel.device",
+        "run.name", "run.out", "run.reevaluate", "log.*", "checkpoint.*", "fault.*", "parallel.device",
         "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus", "evaluation.concurrency",
         "evaluation.schedule")
 # Free only where it is known to change nothing: pieces of a micro-batch give the same bits as the

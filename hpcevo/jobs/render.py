@@ -52,6 +52,8 @@ class JobRequest:
     python: str = sys.executable
     overrides: tuple[str, ...] = ()
     max_requeues: int = 10
+    min_nodes: int = 1  # Slurm: a node lost, the run goes on with the rest if at least this many
+    max_relaunches: int = 3  # Slurm: relaunches on the nodes left in one allocation (0: requeue)
     workdir: str | None = None
     prologue: tuple[str, ...] = ()  # site lines, e.g. "module load cuda"
     script_path: str | None = None  # where the script will live (PBS resubmits it)
@@ -133,6 +135,11 @@ def plan(req: JobRequest) -> Plan:
             raise UsageError(f"{option} {value}: must be at least 1")
     if req.max_requeues < 0:
         raise UsageError(f"--max-requeues {req.max_requeues}: must be 0 (never requeue) or more")
+    if req.max_relaunches < 0:
+        raise UsageError(f"--max-relaunches {req.max_relaunches}: must be 0 (requeue when a node is lost) or more")
+    if not 1 <= req.min_nodes <= req.nodes:
+        raise UsageError(f"--min-nodes {req.min_nodes}: must be between 1 and --nodes ({req.nodes}): the fewest "
+                         "nodes a run goes on with after losing some")
     if req.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node {req.gpus_per_node}: must be 0 (CPU nodes) or more")
     gpus = req.gpus_per_node
@@ -261,6 +268,7 @@ def _directives(p: Plan) -> list[str]:
             f"--time={days}-{hms(rest)}" if days else f"--time={hms(rest)}",
             f"--signal=B:USR1@{r.signal_margin}",
             "--requeue",
+            *(["--no-kill"] if _relaunches(p) else []),
             "--open-mode=append",
             f"--output={r.output or ('%x-%A_%a.out' if array else '%x-%j.out')}",
         ]
@@ -299,12 +307,28 @@ def _environment(p: Plan) -> list[str]:
     return env
 
 
+def _relaunches(p: Plan) -> int:
+    """How often a Slurm job relaunches on the nodes left after losing some (srun only: the
+    relaunch is a new step on part of the allocation)."""
+    return p.req.max_relaunches if p.req.scheduler == "slurm" and p.launcher == "srun" else 0
+
+
+def _relaunch_note(p: Plan) -> str:
+    if not _relaunches(p):
+        return ""
+    return (f"\n# A node lost: the job keeps its allocation (--no-kill); within about a minute the ranks left end\n"
+            f"# (hpcevo's watchdog, exit 76) and the run goes on from its newest checkpoint on the nodes that\n"
+            f"# still answer, if at least {p.req.min_nodes} (--min-nodes); at most {_relaunches(p)} "
+            f"relaunch{'es' if _relaunches(p) > 1 else ''}, then it requeues.")
+
+
 def _launch(p: Plan) -> list[str]:
     r = p.req
     extra = shlex.split(r.launcher_args)
     if p.launcher == "srun":
-        base = [f"--mpi={r.srun_mpi}", '--ntasks="$NRANKS"', f"--ntasks-per-node={p.ranks_per_node}",
-                f"--cpus-per-task={p.cpus_per_rank}", "--cpu-bind=cores", "--kill-on-bad-exit=1"]
+        base = [f"--mpi={r.srun_mpi}", '--nodes="$NNODES"', '--ntasks="$NRANKS"',
+                f"--ntasks-per-node={p.ranks_per_node}", f"--cpus-per-task={p.cpus_per_rank}", "--cpu-bind=cores",
+                "--kill-on-bad-exit=1", '${STEP[@]+"${STEP[@]}"}']
         return ["srun", *base, *map(quote, extra)]
     if p.launcher == "pals":  # Cray PALS (PBS on HPE Cray EX)
         return ["mpiexec", '-n "$NRANKS"', f"--ppn {p.ranks_per_node}", f"--depth {p.cpus_per_rank}",
@@ -354,6 +378,11 @@ def render(req: JobRequest) -> str:
         "nranks": str(p.nranks),
         "margin": str(r.signal_margin),
         "max_requeues": str(r.max_requeues),
+        "nodes": str(r.nodes),
+        "ranks_per_node": str(p.ranks_per_node),
+        "min_nodes": str(r.min_nodes),
+        "max_relaunches": str(_relaunches(p)),
+        "relaunch_note": _relaunch_note(p),
         "name": p.name,
         "workdir": f"cd {quote(r.workdir)} || exit 1" if r.workdir else "",
         "python": quote(r.python),

@@ -102,10 +102,31 @@ class ParallelContext:
 _CONTEXT: ParallelContext | None = None
 
 
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit; (soft, hard) after.
+
+    Across hosts, MPICH over UCX/TCP holds a socket for every remote peer a rank has talked to,
+    and ``connect_every_pair`` talks to all of them: n - 1 descriptors per rank, beside the
+    ones Python, JAX and HDF5 hold. The usual soft limit, 1024, runs out near 1,000 ranks; the
+    hard limit (often 4096 to 1,048,576) is each process's to take."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # a container that forbids it: the limit stays what it was
+    return soft, hard
+
+
 def discover() -> ParallelContext:
     """Initialise MPI (a singleton job without a launcher) and describe this rank. Idempotent."""
     global _CONTEXT
     if _CONTEXT is None:
+        raise_fd_limit()
         from mpi4py import MPI
 
         _CONTEXT = context_for(MPI.COMM_WORLD)

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from ..errors import EXIT_RUNS_FAILED, EXIT_STOPPED, CheckpointError, DivergenceError, UsageError
 from ..hooks import Hooks
 from ..parallel import (ParallelContext, WorkQueue, agree_max, bcast_from_root, collective_stage, split)
+from ..parallel.watchdog import Watchdog
 from ..driver import rundir
 from ..driver.execute import Held, RunOptions, execute
 from ..driver.stopping import StopFlag, StopSource, find_deadline, signal_name
@@ -86,6 +87,8 @@ class _Launch:
         self.ended: list[dict[str, Any]] = []
         self.todo_count = 0
         self.fatal: int | None = None
+        self.dog: Watchdog | None = None
+        self.fault = None
 
     # -- the launch, collectively ----------------------------------------------------------------
     def run(self) -> StudyResult:
@@ -106,21 +109,35 @@ class _Launch:
         deadline = find_deadline(world, options.deadline, None, _margin(study), t0)
         queue = WorkQueue(groups, todo, self._event if world.is_root else None)
         flag = options.stop if options.stop is not None else StopFlag()
-        with flag:
-            if groups.ctx is not None:
-                self._take_runs(groups.ctx, queue, flag, deadline)
-        left = queue.close()
-        return self._finish(t0, groups, left)
+        fault = study.runs[0].config().fault if study.runs else None
+        # The job's watchdog (each run has its own, on its group): a host lost while groups wait
+        # for rank 0's queue or for each other ends the job (exit 76), to be relaunched and resumed.
+        with Watchdog.start(world, heartbeat_seconds=fault.heartbeat_seconds if fault else 2.0,
+                            enabled=bool(fault and fault.watchdog)) as self.dog:
+            self.fault = fault
+            with flag:
+                if groups.ctx is not None:
+                    self._take_runs(groups.ctx, queue, flag, deadline)
+            self._waiting("waiting for the other groups' runs")
+            left = queue.close()
+            return self._finish(t0, groups, left)
+
+    def _waiting(self, what: str) -> None:
+        """The job's watchdog armed while this rank waits for others' work, of any length."""
+        if self.dog is not None and self.fault is not None:
+            self.dog.arm_open(f"the study, {what}", self.fault.min_seconds, "fault.min_seconds")
 
     def _take_runs(self, ctx: ParallelContext, queue: WorkQueue, flag: StopSource, deadline) -> None:
         outcome: dict[str, Any] | None = None
         reuse: dict = {}
         while True:
+            self._waiting("taking the next run")
             signum, late = agree_max(ctx, [flag.signum, deadline.due()])
             halt = signal_name(int(signum)) if signum else "the deadline" if late else None
             if outcome is not None and outcome.get("halt"):
                 halt = halt or outcome["halt"]
             task = queue.next(outcome, halt)
+            self.dog.disarm()
             if task is None:
                 return
             remaining = None if deadline.at is None else max(1.0, deadline.at - time.time())

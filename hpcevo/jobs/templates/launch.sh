@@ -19,6 +19,27 @@ export HPCEVO_EXIT_FILE
 echo "hpcevo job: $(date '+%F %T') on $(hostname): ${LAUNCH[*]} $PYTHON -m hpcevo ${RUN_ARGS[*]}" >&2
 "${LAUNCH[@]}" "$PYTHON" -m hpcevo "${RUN_ARGS[@]}" &
 launcher_pid=$!
+# When a node is lost, hpcevo's watchdog ends the ranks that are left (exit code 76, written to
+# the exit file); a launcher that cannot reach the lost node may still wait for it until the
+# scheduler declares it down, minutes later (srun does). It gets 10 s, then it is ended.
+reaper_pid=
+if [ -n "$HPCEVO_EXIT_FILE" ]; then
+  (
+    while kill -0 "$launcher_pid" 2>/dev/null; do
+      if [ "$(cat "$HPCEVO_EXIT_FILE" 2>/dev/null)" = 76 ]; then
+        sleep 10
+        kill -0 "$launcher_pid" 2>/dev/null || exit 0
+        echo "hpcevo job: $(date '+%F %T') the launcher still waits 10 s after the watchdog ended the ranks: ending it" >&2
+        kill -TERM "$launcher_pid" 2>/dev/null
+        sleep 5
+        kill -KILL "$launcher_pid" 2>/dev/null
+        exit 0
+      fi
+      sleep 1
+    done
+  ) &
+  reaper_pid=$!
+fi
 while :; do
   wait "$launcher_pid"
   rc=$?
@@ -32,11 +53,15 @@ while :; do
   break
 done
 trap - USR1 TERM
+[ -n "$reaper_pid" ] && kill "$reaper_pid" 2>/dev/null
+LOST_HOSTS=
 if [ -n "$HPCEVO_EXIT_FILE" ]; then
   recorded=$(cat "$HPCEVO_EXIT_FILE" 2>/dev/null)
-  rm -f "$HPCEVO_EXIT_FILE"
+  LOST_HOSTS=$(cat "$HPCEVO_EXIT_FILE.lost" 2>/dev/null)
+  rm -f "$HPCEVO_EXIT_FILE" "$HPCEVO_EXIT_FILE.lost"
   case "$recorded" in
     ''|*[!0-9]*|0) ;;
+    76) rc=76 ;;  # the watchdog's, whatever the launcher says after being ended
     *) if [ "$rc" = 0 ]; then
          echo "hpcevo job: the launcher exited 0, but rank 0 exited $recorded: taking $recorded" >&2
          rc=$recorded

@@ -1,0 +1,242 @@
+"""The watchdog (hpcevo/parallel/watchdog.py, [fault]): a rank that stops answering ends the job
+within seconds with exit code 76 and a message naming it; a run that is slow but healthy (its
+generations slowing down gradually, a long compilation, a slow checkpoint write) is never ended.
+
+The limits (driver/policy.py's PhaseLimits) are tested pure; the rest end to end under mpiexec
+(marked `launcher`), with the problems of tests/watchdog_problems.py. Each case that must not be
+ended has a twin that must: the same slowness past a limit, so that a watchdog that never fires
+cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from test_launcher import MPIEXEC, clean_env
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEMS = ROOT / "tests" / "watchdog_problems.py"
+
+
+# -- the limits, pure -----------------------------------------------------------------------
+def fault(**kw):
+    base = dict(watchdog=True, slowdown=10.0, min_seconds=30.0, startup_seconds=600.0, compile_seconds=1800.0,
+                checkpoint_seconds=600.0, heartbeat_seconds=2.0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.single_process
+def test_a_dispatch_may_take_slowdown_times_the_slowest_recent_one_and_never_less_than_the_floor():
+    from hpcevo.driver.policy import RECENT, PhaseLimits
+
+    limits = PhaseLimits(fault(min_seconds=1.0))
+    assert limits.dispatch(10)[0] == 1800.0 and "compile" in limits.dispatch(10)[1]  # nothing measured yet
+    limits.note_dispatch(10, 0.01)
+    seconds, why = limits.dispatch(10)
+    assert seconds == 1.0 and "fault.min_seconds" in why
+    limits.note_dispatch(10, 0.5)
+    assert limits.dispatch(10)[0] == pytest.approx(5.0)  # 10 x the slowest recent
+    assert limits.dispatch(40)[0] == pytest.approx(20.0)  # scaled up to the generations asked for
+    assert limits.dispatch(1)[0] == pytest.approx(5.0)  # never scaled down: fixed costs stay
+    for _ in range(RECENT):
+        limits.note_dispatch(10, 0.2)
+    assert limits.dispatch(10)[0] == pytest.approx(2.0)  # the slow one has left the window
+    assert "fault.slowdown = 10 x" in limits.dispatch(10)[1]
+
+
+@pytest.mark.single_process
+def test_generations_slowing_down_10x_gradually_stay_inside_the_limit_and_a_sudden_jump_does_not():
+    from hpcevo.driver.policy import PhaseLimits
+
+    limits = PhaseLimits(fault(min_seconds=0.5))
+    t = 0.1
+    limits.note_dispatch(1, t)
+    for _ in range(200):  # 0.1 s -> 1 s a generation, 1.2% a step, then 10x more
+        t *= 1.012
+        assert t < limits.dispatch(1)[0], t
+        limits.note_dispatch(1, t)
+    assert t > 10 * 0.1
+    assert 11 * t > limits.dispatch(1)[0]  # a sudden 11x slowdown is past it
+
+
+@pytest.mark.single_process
+def test_checkpoints_start_up_and_compilation_have_their_own_allowances():
+    from hpcevo.driver.policy import PhaseLimits
+
+    limits = PhaseLimits(fault(min_seconds=1.0, checkpoint_seconds=50.0, startup_seconds=70.0, compile_seconds=90.0))
+    limits.note_dispatch(10, 0.01)
+    assert limits.checkpoint() == (50.0, "fault.checkpoint_seconds")
+    limits.note_checkpoint(8.0)  # a slow filesystem: 10 x its slowest write
+    assert limits.checkpoint()[0] == pytest.approx(80.0)
+    assert limits.startup()[0] == 70.0 and limits.compile()[0] == 90.0
+    assert limits.boundary()[0] == 90.0  # before the first boundary was measured
+    limits.note_boundary(0.002)
+    assert limits.boundary()[0] == 1.0
+
+
+@pytest.mark.single_process
+def test_the_message_names_the_silent_ranks_and_the_hosts_all_of_whose_ranks_are_silent():
+    from hpcevo.parallel.watchdog import Phase, Watchdog, _ranges
+
+    now = [100.0]
+    ctx = SimpleNamespace(rank=0, size=6, host="a", rank_hosts=("a", "a", "b", "b", "c", "c"))
+    dog = Watchdog(ctx, heartbeat_seconds=1.0, clock=lambda: now[0])
+    dog.heard = {1: 99.5, 2: 70.0, 3: 71.0, 4: 99.0, 5: 80.0}  # b is gone, c half
+    text, lost = dog.report(Phase("generations 101-110", 30.0, "fault.min_seconds", 60.0), 40.0)
+    assert lost == ["b"]
+    assert "generations 101-110 has taken 40.0 s, past its limit of 30 s (fault.min_seconds)" in text
+    assert "ranks 2-3 on b; rank 5 on c; host lost: b" in text and "no heartbeat for up to 30 s" in text
+    assert "exit code 76" in text
+    dog.heard = {r: 99.9 for r in range(1, 6)}
+    assert "Every rank still answers" in dog.report(Phase("x", 1, "y", 0), 2)[0]
+    dog.heard = {1: 99.9}  # no channel from the others: names no one
+    text, lost = dog.report(Phase("x", 1, "y", 0), 2)
+    assert lost == [] and "cannot be told" in text
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    # the deputy speaks only where rank 0 is silent
+    deputy = Watchdog(SimpleNamespace(rank=2, size=6, host="b", rank_hosts=ctx.rank_hosts), heartbeat_seconds=1.0,
+                      clock=lambda: now[0])
+    deputy.deputy = 2
+    deputy.heard = {0: 99.0}
+    assert not deputy.speaks()
+    deputy.heard = {0: 50.0}
+    assert deputy.speaks()
+
+
+# -- end to end -----------------------------------------------------------------------------
+CONFIG = """
+[run]
+name = "wd"
+generations = {generations}
+[algorithm]
+name = "cso"
+pop_size = 48
+[problem]
+name = "{problem}"
+dim = 4
+lb = -5.0
+ub = 5.0
+{host}
+[parallel]
+microbatch = {microbatch}
+[log]
+every = 1
+progress = "lines"
+[checkpoint]
+every = {checkpoint_every}
+every_seconds = 0
+[fault]
+min_seconds = {min_seconds}
+heartbeat_seconds = 0.5
+{fault}
+"""
+
+
+def launch(tmp: Path, n: int, *, generations: int, problem: str = "slowing", env: dict | None = None,
+           min_seconds: float = 2.0, fault_lines: str = "", checkpoint_every: int = 0, timeout: float = 240):
+    host = "host = true" if problem == "slowing" else ""
+    cfg = tmp / "wd.toml"
+    cfg.write_text(CONFIG.format(generations=generations, problem=f"{PROBLEMS}:{problem}", host=host,
+                                 microbatch=24 // n, checkpoint_every=checkpoint_every, min_seconds=min_seconds,
+                                 fault=fault_lines))
+    exit_file = tmp / "exit"
+    run_env = {**clean_env(), **(env or {}), "HPCEVO_EXIT_FILE": str(exit_file), "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    r = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-m", "hpcevo", "run", str(cfg), "--set",
+                        f"run.out={tmp / 'run'}"], capture_output=True, text=True, env=run_env, timeout=timeout)
+    r.seconds = time.monotonic() - t0
+    r.exit_file = exit_file
+    return r
+
+
+def stall_time(out: str) -> float:
+    return float(next(ln for ln in out.splitlines() if ln.startswith("WD-STALL")).split()[-1])
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("n, how", [(2, "stop"), (3, "stop"), (3, "sleep")])
+def test_a_rank_that_stops_answering_ends_the_job_in_seconds_with_exit_76_naming_it(tmp_path, n, how):
+    """Rank 1 stops mid-run: SIGSTOP (as a dead node looks: no heartbeat) or stuck in the
+    problem's code (heartbeats still come). The others wait in the generation's Allgather; the
+    watchdog ends the job at its limit (2 s here), rank 0 names rank 1 where it stopped answering,
+    and the job script's exit file holds 76."""
+    r = launch(tmp_path, n, generations=100_000, env={"WD_STALL": f"1:20:{how}"})
+    ended = time.time()
+    assert r.returncode == 76, (r.returncode, r.stderr[-3000:])
+    took = ended - stall_time(r.stdout)
+    assert took < 20, took
+    (line,) = [ln for ln in r.stderr.splitlines() if "watchdog on rank 0" in ln]
+    assert line.startswith("hpcevo: error: watchdog on rank 0 (")
+    assert re.search(r"generation \d+ has taken \d+\.\d s, past its limit of 2 s \(fault.min_seconds", line), line
+    if how == "stop":
+        assert "Stopped answering (no heartbeat for up to" in line and ": rank 1 on " in line
+    else:
+        assert "Every rank still answers" in line
+    assert "Traceback" not in r.stderr
+    assert r.exit_file.read_text() == "76\n"
+    assert (tmp_path / "exit.lost").read_text() == ""  # one host: none of it lost
+    print(f"\n{n} ranks, rank 1 {'stopped' if how == 'stop' else 'stuck'}: the job ended {took:.1f} s later (limit 2 s)")
+
+
+@pytest.mark.launcher
+def test_generations_slowing_down_10x_gradually_are_not_ended_but_a_sudden_20x_jump_is(tmp_path):
+    """Each rank's evaluation grows from 0.1 s to 1 s over 40 generations (one call a generation
+    on each rank), with a floor of 0.5 s that a fixed limit would have crossed. Its twin jumps
+    from 0.1 s to 2 s at generation 20 (a dispatch, with its overheads, takes a little more than
+    its evaluation) and is ended there."""
+    (tmp_path / "slow").mkdir()
+    slow = launch(tmp_path / "slow", 2, generations=45, env={"WD_SLOW": "grow:0.1:10:40"}, min_seconds=0.5)
+    assert slow.returncode == 0, slow.stderr[-3000:]
+    summary = json.loads((tmp_path / "slow" / "run" / "summary.json").read_text())
+    assert summary["generations"] == 45 and summary["status"] == "complete"
+    (tmp_path / "jump").mkdir()
+    jump = launch(tmp_path / "jump", 2, generations=45, env={"WD_SLOW": "jump:0.1:2.0:20"}, min_seconds=0.5)
+    assert jump.returncode == 76, jump.stderr[-3000:]
+    assert "fault.slowdown = 10 x the slowest recent dispatch" in jump.stderr
+    assert "Every rank still answers" in jump.stderr
+
+
+@pytest.mark.launcher
+def test_a_long_first_compilation_is_not_ended_unless_past_compile_seconds(tmp_path):
+    """Rank 1 takes 6 s to trace the problem while the others wait for it in generation 1: far past
+    fault.min_seconds (2 s), inside fault.compile_seconds. Its twin sets compile_seconds = 4."""
+    for name, extra, code in (("ok", "", 0), ("short", "compile_seconds = 4", 76)):
+        (tmp_path / name).mkdir()
+        r = launch(tmp_path / name, 2, generations=30, problem="slow_to_trace", env={"WD_TRACE": "6"},
+                   fault_lines=extra)
+        assert r.returncode == code, (name, r.stderr[-3000:])
+    assert "compiling and the first generation has taken" in r.stderr and "(fault.compile_seconds)" in r.stderr
+
+
+@pytest.mark.launcher
+def test_a_slow_checkpoint_write_is_not_ended_unless_past_checkpoint_seconds(tmp_path):
+    """Rank 1 takes 6 s longer for each checkpoint (every 10 generations) while rank 0 waits for it
+    inside the collective write: far past fault.min_seconds (2 s). Its twin sets
+    checkpoint_seconds = 4."""
+    for name, extra, code in (("ok", "", 0), ("short", "checkpoint_seconds = 4", 76)):
+        (tmp_path / name).mkdir()
+        r = launch(tmp_path / name, 2, generations=30, env={"WD_CHECKPOINT": "6"}, fault_lines=extra,
+                   checkpoint_every=10)
+        assert r.returncode == code, (name, r.stderr[-3000:])
+    assert "the checkpoint at generation 10 has taken" in r.stderr and "(fault.checkpoint_seconds)" in r.stderr
+
+
+@pytest.mark.launcher
+def test_fault_settings_are_checked_and_free_on_resume(tmp_path):
+    from hpcevo import load_config
+    from hpcevo.driver.resume import is_free
+    from hpcevo.errors import ConfigError
+
+    assert all(is_free(f"fault.{k}") for k in ("watchdog", "min_seconds", "slowdown"))
+    with pytest.raises(ConfigError, match="fault.slowdown"):
+        load_config({"run": {"name": "x"}, "algorithm": {"name": "cso"}, "problem": {"name": "sphere", "dim": 2},
+                     "fault": {"slowdown": 1.5}})
