@@ -111,6 +111,11 @@ class Watchdog:
     def close(self) -> None:
         self.disarm()
         self._stop.set()
+        if self._sock is not None:  # wake the thread from its select at once
+            try:
+                self._sock.sendto(b"", ("127.0.0.1", self._sock.getsockname()[1]))
+            except OSError:
+                pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         if self._sock is not None:
