@@ -61,14 +61,13 @@ class Phase:
 class Watchdog:
     """One rank's watchdog (see the module docstring). ``start`` is collective; ``arm`` and
     ``disarm`` are each rank's own; ``close`` stops the thread. With one rank, or ``enabled``
-    false, it does nothing. ``clock`` and ``fire`` are for tests (``fire(phase, elapsed)``
-    replaces ending the job)."""
+    false, it does nothing. ``clock`` is for tests."""
 
     def __init__(self, ctx: ParallelContext, heartbeat_seconds: float = 2.0, enabled: bool = True,
-                 clock: Callable[[], float] = time.monotonic, fire: Callable[[Phase, float], None] | None = None):
+                 clock: Callable[[], float] = time.monotonic):
         self.ctx, self.heartbeat = ctx, heartbeat_seconds
         self.enabled = enabled and ctx.size > 1
-        self.clock, self._fire_hook = clock, fire
+        self.clock = clock
         self._phase: Phase | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -77,7 +76,6 @@ class Watchdog:
         self._listeners: list[tuple[str, int]] = []  # where this rank sends its heartbeats
         self.heard: dict[int, float] = {}  # rank -> the clock when its last heartbeat came (listeners)
         self.deputy: int | None = None
-        self.fired = threading.Event()
 
     @classmethod
     def start(cls, ctx: ParallelContext, **kwargs: Any) -> "Watchdog":
@@ -127,13 +125,18 @@ class Watchdog:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def _hosts(self) -> tuple[str, ...]:
+        """The host of every rank."""
+        return self.ctx.rank_hosts or (self.ctx.host,) * self.ctx.size
+
     # -- heartbeats ---------------------------------------------------------------------------
     def _open_channel(self) -> None:
         """Every rank's UDP socket; the listeners' (host, port) known to every rank. A rank that
         cannot open one still takes part in the exchange (its watchdog works without names)."""
         from . import control
 
-        hosts = self.ctx.rank_hosts or (self.ctx.host,) * self.ctx.size
+        hosts = self._hosts
         others = [r for r in range(self.ctx.size) if hosts[r] != hosts[0]]
         self.deputy = others[0] if others else None
         port = 0
@@ -172,9 +175,7 @@ class Watchdog:
         while True:
             try:
                 data = self._sock.recv(64)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # (BlockingIOError: nothing more to read)
                 return
             if len(data) == _BEAT.size:
                 magic, rank, _ = _BEAT.unpack(data)
@@ -190,7 +191,7 @@ class Watchdog:
 
     def lost_hosts(self, silent: list[int]) -> list[str]:
         """The hosts every rank of which is in ``silent``."""
-        hosts = self.ctx.rank_hosts or (self.ctx.host,) * self.ctx.size
+        hosts = self._hosts
         return sorted({hosts[r] for r in silent} - {hosts[r] for r in range(self.ctx.size) if r not in silent})
 
     # -- the thread ---------------------------------------------------------------------------
@@ -222,11 +223,6 @@ class Watchdog:
                 else:
                     over = elapsed > phase.limit
                 if over:
-                    self.fired.set()
-                    if self._fire_hook is not None:
-                        self._fire_hook(phase, elapsed)
-                        self.disarm()
-                        continue
                     self._end_job(phase, elapsed)
                     return
 
@@ -238,7 +234,7 @@ class Watchdog:
 
     def report(self, phase: Phase, elapsed: float) -> tuple[str, list[str]]:
         """The message, and the hosts all of whose ranks are silent."""
-        hosts = self.ctx.rank_hosts or (self.ctx.host,) * self.ctx.size
+        hosts = self._hosts
         silent = self.silent()
         lost = self.lost_hosts(silent)
         me = f"rank {self.ctx.rank} ({self.ctx.host})"
