@@ -36,6 +36,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
     config.addinivalue_line("markers", "slurm: starts a private Slurm cluster; runs only when -m names it")
     config.addinivalue_line("markers", "nodes: starts a Slurm cluster of simulated nodes; runs only when -m names it")
+    config.addinivalue_line("markers", "gpu_kit: gathers wheels and installs offline (GPU kit); runs only when -m names it")
     config.addinivalue_line(
         "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
     )
@@ -48,7 +49,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    for marker in ("slurm", "nodes"):
+    for marker in ("slurm", "nodes", "gpu_kit"):
         if marker not in (config.option.markexpr or ""):
             # Starting a Slurm cluster is for the CTest test that asks for it (-m slurm, -m nodes).
             _deselect(config, items, marker)

@@ -236,7 +236,8 @@ def test_this_job_is_bound_consistently(ctx):
 def test_cpu_ranks_compile_for_one_instruction_set_unless_the_user_chose_one():
     """x86-64 CPU ranks cap XLA at AVX2 (bits then do not depend on which x86 CPU a rank has);
     a cap already in XLA_FLAGS is the user's and stays, other architectures get no flag, and
-    GPU ranks are left alone."""
+    GPU ranks get XLA's determinism flag instead (scatters without atomics, the autotuner's first
+    choice rather than its fastest: two runs of one seed give the same bits)."""
     (b,) = bind_all(node("hydra", 1))
     assert b.xla_flags == ("--xla_cpu_max_isa=AVX2",)
     mine = probe({"XLA_FLAGS": "--xla_cpu_max_isa=AVX512 --xla_dump_to=/tmp/x"}, device_files=[], affinity=[0],
@@ -247,7 +248,9 @@ def test_cpu_ranks_compile_for_one_instruction_set_unless_the_user_chose_one():
     arm = dataclasses.replace(node("hydra", 1)[0], machine="aarch64")
     assert decide([arm], 0).xla_flags == ()
     (g,) = bind_all(node("hydra", 1, gpus=1))
-    assert g.kind == "gpu" and g.xla_flags == ()
+    assert g.kind == "gpu" and g.xla_flags == ("--xla_gpu_deterministic_ops=true",)
+    shared = bind_all(node("hydra", 2, gpus=1), share_gpus=True)[1]
+    assert shared.xla_flags == g.xla_flags
 
 
 def test_this_job_caps_the_instruction_set_it_compiles_for(ctx):

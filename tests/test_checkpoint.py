@@ -146,20 +146,36 @@ def test_truncated_file_is_damaged_not_a_crash(ctx, shared_tmp):
         checkpoint.load(ctx, path, template_of(state))
 
 
-class FullDiskOnLastRank(checkpoint.Layout):
-    """The last rank's block writes fail as on a full disk (the checksum comes right after each)."""
+class FullDiskOnLastWriter(checkpoint.Layout):
+    """The block writes of the last rank that writes fail as on a full disk (the checksum comes
+    right after each): the last rank with parallel HDF5, rank 0 when it writes alone."""
 
     def crc(self, arr, rows, block):
-        if MPI.COMM_WORLD.rank == MPI.COMM_WORLD.size - 1:
+        from hpcevo.provenance import parallel_hdf5
+
+        last = MPI.COMM_WORLD.size - 1 if parallel_hdf5() else 0
+        if MPI.COMM_WORLD.rank == last:
             raise OSError(28, "No space left on device")
         return super().crc(arr, rows, block)
 
 
-def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_tmp):
+@pytest.fixture(params=["as built", "serial"])
+def hdf5_mode(request, monkeypatch):
+    """Each checkpoint test that takes this runs twice: with the h5py the suite has (parallel, as
+    scripts/setup.sh builds it), and as on a machine whose h5py has no MPI (a GPU node's image),
+    where rank 0 writes alone."""
+    if request.param == "serial":
+        import hpcevo.provenance
+
+        monkeypatch.setattr(hpcevo.provenance, "parallel_hdf5", lambda: False)
+    return request.param
+
+
+def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_tmp, hdf5_mode):
     state = tree()
     good = checkpoint.write(ctx, shared_tmp, snapshot(state, 10), layout=SMALL_BLOCKS)
     before = good.read_bytes() if ctx.is_root else None
-    failing = FullDiskOnLastRank(SMALL_BLOCKS.block_bytes, SMALL_BLOCKS.split_min_bytes)
+    failing = FullDiskOnLastWriter(SMALL_BLOCKS.block_bytes, SMALL_BLOCKS.split_min_bytes)
     with pytest.raises(CheckpointError, match="No space left on device"):
         checkpoint.write(ctx, shared_tmp, snapshot(state, 20), layout=failing)
     ctx.comm_ctl.Barrier()
@@ -167,6 +183,38 @@ def test_failed_write_on_one_rank_fails_all_and_keeps_the_previous(ctx, shared_t
         assert sorted(p.name for p in shared_tmp.iterdir()) == ["gen-000000010.h5"]  # no partial left
         assert good.read_bytes() == before
         assert checkpoint.verify_file(good).problem is None
+
+
+def test_without_parallel_hdf5_rank_0_writes_the_file_every_rank_reads(ctx, shared_tmp, monkeypatch):
+    """h5py without MPI: rank 0 writes alone, the other ranks write nothing and take part in every
+    agreement; the file holds the same datasets, values and checksum tables as a parallel write's,
+    and every rank loads it."""
+    import h5py
+
+    import hpcevo.provenance
+
+    state = tree(3)
+    parallel = checkpoint.write(ctx, shared_tmp / "parallel", snapshot(state, 10), layout=SMALL_BLOCKS)
+    monkeypatch.setattr(hpcevo.provenance, "parallel_hdf5", lambda: False)
+    seen = []
+    real_file = h5py.File
+    monkeypatch.setattr(h5py, "File", lambda *a, **k: seen.append((a[1:2], k)) or real_file(*a, **k))
+    serial = checkpoint.write(ctx, shared_tmp / "serial", snapshot(state, 10), layout=SMALL_BLOCKS)
+    writes = [s for s in seen if s[0] == ("w",)]
+    assert writes == ([(("w",), {})] if ctx.is_root else [])  # rank 0 alone, no MPI-IO driver
+    assert all("driver" not in k for _, k in seen)
+    loaded = checkpoint.load(ctx, serial, template_of(state))  # every rank reads, without MPI-IO
+    assert_same(loaded.state, state)
+    if ctx.is_root:
+        assert checkpoint.verify_file(serial).problem is None
+        with real_file(parallel, "r") as a, real_file(serial, "r") as b:
+            names = []
+            a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+            assert names
+            for n in names:
+                assert np.array_equal(a[n][()], b[n][()]), n
+                assert np.array_equal(a[n].attrs.get("crc32", []), b[n].attrs.get("crc32", [])), n
+            assert a.attrs["ranks"] == b.attrs["ranks"] == ctx.size
 
 
 @pytest.mark.single_process

@@ -36,6 +36,28 @@ def test_microbatch_depends_on_batch_size_only():
     assert microbatch_rows(1000, requested=50) == 50
 
 
+@pytest.mark.single_process
+def test_gpu_ranks_take_fewer_larger_microbatches_still_fixed_by_the_batch():
+    """On a GPU every micro-batch costs a host round trip: at least 2,048 rows, at most 16 of them."""
+    assert microbatch_rows(1024, device="gpu") == 1024  # one call
+    assert microbatch_rows(16384, device="gpu") == 2048  # 8 micro-batches
+    assert microbatch_rows(262144, device="gpu") == 16384  # 16: work for 16 GPUs
+    assert microbatch_rows(3, device="gpu") == 3
+    assert microbatch_rows(16384, requested=256, device="gpu") == 256  # parallel.microbatch wins
+    assert microbatch_rows(16384, device="cpu") == microbatch_rows(16384) == 256
+
+
+def test_the_evaluator_takes_the_default_of_the_ranks_device(ctx, monkeypatch):
+    """ShardedEvaluator asks for the micro-batch of the device its ranks are bound to."""
+    from hpcevo.parallel import ShardedEvaluator
+
+    assert ShardedEvaluator(lambda x: x[:, 0], 16384, ctx).mb == 256
+    monkeypatch.setattr(ctx, "device_kind", "gpu")
+    ev = ShardedEvaluator(lambda x: x[:, 0], 16384, ctx)
+    assert (ev.mb, ev.k) == (2048, 8)
+    assert ShardedEvaluator(lambda x: x[:, 0], 16384, ctx, microbatch=512).mb == 512
+
+
 def run(ctx, algo, problem, out, generations=12, every=5, seed=7, microbatch=None):
     """The run as hpcevo.run drives it (the loop users run), with the algorithm and problem
     objects held here: [digest, best fitness, non-finite count]."""

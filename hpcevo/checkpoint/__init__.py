@@ -21,10 +21,10 @@ from .format import (
 )
 from .layout import Layout
 from .read import Loaded, Report, describe, load, read_header, read_history, verify_file
-from .write import write
+from .write import serial_note, write
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "CheckpointDamaged", "Header", "Layout", "Loaded", "Report", "Snapshot",
     "describe", "file_name", "generation_of", "list_checkpoints", "list_partials", "load", "prune",
-    "read_header", "read_history", "remove_partials", "verify_file", "write",
+    "read_header", "read_history", "remove_partials", "serial_note", "verify_file", "write",
 ]

@@ -37,7 +37,10 @@ class Report:
 def _open(ctx: ParallelContext | None, path: Path):
     import h5py
 
-    if ctx is not None and ctx.size > 1:
+    from ..provenance import parallel_hdf5
+
+    # Without MPI in h5py each rank reads the file on its own (reading needs no coordination).
+    if ctx is not None and ctx.size > 1 and parallel_hdf5():
         return h5py.File(path, "r", driver="mpio", comm=ctx.comm_ctl)
     return h5py.File(path, "r")
 

@@ -16,6 +16,12 @@ does the same. A failure inside one of HDF5's flushes can leave every rank insid
 no error visible yet; so the flushes and the close of a checkpoint being written run under the
 same watchdog, with a longer limit (``stuck_after``, default 300 s) since a healthy flush syncs
 the data to disk.
+
+Where h5py was built without MPI (the HDF5 of a GPU node's image, say), a job of several ranks
+writes its checkpoints from rank 0 alone, serially: the state is replicated, so rank 0 holds all
+of it. The other ranks take part in every agreement, so a failure is still reported on all of
+them, and the file is the same as a parallel write would make (same datasets, blocks and
+checksums). Slower for large states, and said once at the start of a run (``serial_note``).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
     is removed.
     """
     directory = Path(directory)
+    serial = serial_writes(ctx)
     final = directory / file_name(snap.generation)
     tmp = partial_name(final)
     w = _Stages(ctx, final, stuck_after)
@@ -64,26 +71,36 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
             directory.mkdir(parents=True, exist_ok=True)
             tmp.unlink(missing_ok=True)
     with w.stage("creating the file"):
-        f = _open(ctx, tmp, "w")
+        f = _open(ctx, tmp, "w", serial)
     handles: list = []
     published = False
     try:
         with w.stage("creating datasets"):
-            _create_datasets(f, meta, datasets, handles)
+            if f is not None:
+                _create_datasets(f, meta, datasets, handles)
         with w.stage("writing data"):
-            crcs = _write_blocks(ctx, datasets, handles, layout)
+            # serially, rank 0 writes every block, as the one rank of a one-rank job would
+            writer = (0, 1) if serial else (ctx.rank, ctx.size)
+            crcs = _write_blocks(writer, datasets, handles, layout) if f is not None else [[] for _ in datasets]
         everyone = allgather_obj(ctx, crcs)
         with w.stage("finishing the file"):
-            _finish(f, datasets, handles, everyone, layout, lambda: w.guard("finishing the file"))
+            if f is not None:
+                _finish(f, datasets, handles, everyone, layout, lambda: w.guard("finishing the file"))
         with w.stage("closing the file"):
             closing, f = f, None
-            _close(closing, handles, lambda: w.guard("closing the file"))
+            if closing is not None:
+                _close(closing, handles, lambda: w.guard("closing the file"))
         with w.stage("publishing", in_hdf5=False):
             if ctx.is_root:
-                _publish(ctx, tmp, final)
+                _publish(tmp, final, synced=ctx.size > 1 and not serial)
         published = True
     except BaseException as e:
-        if f is not None:
+        if f is not None and serial:  # rank 0 alone holds the file: no collective close
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001
+                _never_touch_again(f, handles)
+        elif f is not None:
             if getattr(e, "stranded", False):  # the others are stuck in HDF5 and the job is ending
                 _never_touch_again(f, handles)
             else:
@@ -158,9 +175,30 @@ def _datasets(snap: Snapshot) -> list[Dataset]:
     return datasets
 
 
-def _open(ctx: ParallelContext, path: Path, mode: str):
+def serial_writes(ctx: ParallelContext) -> bool:
+    """Whether this job's checkpoints are written by rank 0 alone (several ranks, h5py without MPI)."""
+    from ..provenance import parallel_hdf5
+
+    return ctx.size > 1 and not parallel_hdf5()
+
+
+def serial_note(ctx: ParallelContext) -> str | None:
+    """The line a run prints at its start when its checkpoints are written serially."""
+    if not serial_writes(ctx):
+        return None
     import h5py
 
+    return (f"note: h5py {h5py.__version__} was built without MPI: rank 0 writes the checkpoints alone "
+            "(the state is replicated; the file is the same, the write slower for a large state). "
+            "A parallel HDF5 build (scripts/setup.sh) writes them from every rank")
+
+
+def _open(ctx: ParallelContext, path: Path, mode: str, serial: bool):
+    """The file, opened collectively; serially, on rank 0 only (None on the others)."""
+    import h5py
+
+    if serial:
+        return h5py.File(path, mode) if ctx.is_root else None
     if ctx.size > 1:
         return h5py.File(path, mode, driver="mpio", comm=ctx.comm_ctl)
     return h5py.File(path, mode)
@@ -178,14 +216,16 @@ def _create_datasets(f, meta: dict, datasets: list[Dataset], handles: list) -> N
         handles.append(d)
 
 
-def _write_blocks(ctx: ParallelContext, datasets: list[Dataset], handles: list,
+def _write_blocks(writer: tuple[int, int], datasets: list[Dataset], handles: list,
                   layout: Layout) -> list[list[tuple[int, int]]]:
-    """Independent writes, each rank its own blocks; returns (block, CRC) per dataset. A failure
-    (a full disk) may hit some ranks only: it is agreed on before the next collective call."""
+    """Independent writes, each rank (``writer``: its rank and the number of writers) its own
+    blocks; returns (block, CRC) per dataset. A failure (a full disk) may hit some ranks only: it
+    is agreed on before the next collective call."""
+    rank, size = writer
     crcs: list[list[tuple[int, int]]] = [[] for _ in datasets]
     for i, ((_, arr, _), d) in enumerate(zip(datasets, handles)):
         rows, _ = layout.blocks(arr.shape, arr.dtype.itemsize)
-        mine = layout.my_blocks(ctx.rank, ctx.size, arr.shape, arr.dtype.itemsize, arr.nbytes)
+        mine = layout.my_blocks(rank, size, arr.shape, arr.dtype.itemsize, arr.nbytes)
         if not arr.shape:
             if mine:
                 d[()] = arr
@@ -225,8 +265,8 @@ def _close(f, handles: list, guard) -> None:
         raise
 
 
-def _publish(ctx: ParallelContext, tmp: Path, final: Path) -> None:
-    if ctx.size == 1:  # with MPI-IO, the flush above already synced (MPI_File_sync)
+def _publish(tmp: Path, final: Path, synced: bool) -> None:
+    if not synced:  # with MPI-IO, the flush above already synced (MPI_File_sync)
         _fsync(tmp)
     os.replace(tmp, final)
     _fsync(final.parent)

@@ -438,7 +438,7 @@ def _private_dir(path: Path) -> str:
     return ""
 
 
-def probe_batch_size(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) -> bool | None:
+def probe_batch_size(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm, device: str = "cpu") -> bool | None:
     """With ``evaluation.batch_size`` below the micro-batch: does evaluating in pieces give the
     unchunked values bit for bit, on one micro-batch of random candidates? (None: no pieces.)
 
@@ -451,7 +451,7 @@ def probe_batch_size(cfg: RunConfig, problem: AnyProblem, algorithm: Algorithm) 
 
     from ..parallel.evaluate import chunking_is_exact, microbatch_rows
 
-    mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None)
+    mb = microbatch_rows(algorithm.num_ask, cfg.parallel.microbatch or None, device)
     piece = cfg.evaluation.batch_size
     if not piece or piece >= mb or problem.host:  # host functions are not probed: they may be costly
         return None

@@ -256,6 +256,9 @@ class Run:
             line(f"note: {crowded}")
         if self.parts.cache_note:
             line(self.parts.cache_note)
+        serial = checkpoint.serial_note(ctx) if cfg.checkpoint.every or cfg.checkpoint.every_seconds or cfg.checkpoint.final else None
+        if serial:
+            line(serial)
         hosted = loop.engine.layout.per_rank if self.parts.islands else 1
         if hosted >= ISLANDS_COMPILE_WARNING:
             line(f"warning: {hosted} islands on a rank: they compile into one program, and compiling grows with "
@@ -496,7 +499,7 @@ class Built:
                 algorithm = build.build_algorithm(cfg, problem, held.algorithm)
                 if cfg.islands is not None:
                     islands = build.build_islands(cfg, problem, algorithm)
-            exact = build.probe_batch_size(cfg, problem, algorithm)
+            exact = build.probe_batch_size(cfg, problem, algorithm, ctx.device_kind)
             if key is not None and not problem.host:  # (a host problem holds threads and processes)
                 reuse[key] = (problem, algorithm, islands, exact, cache)
         resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)

@@ -206,7 +206,16 @@ def _gpu_binding(node, index, local_rank, source, gpus, request, where) -> Bindi
     if how == "shared":
         notes = (f"{local_size} ranks share {len(gpus)} GPU(s) on this node",)
     return Binding(local_rank, local_size, source, "gpu", mine, how, None, node[index].affinity,
-                   env, defaults, notes)
+                   env, defaults, notes, GPU_DETERMINISM_FLAGS)
+
+
+# XLA on GPU is not deterministic by default: scatters may add with atomics, in whatever order
+# the threads arrive, and the autotuner times several kernels for a GEMM or a fusion and keeps
+# the fastest, which can change from one compilation to the next (and between ranks). This flag
+# makes scatters deterministic and has the autotuner take the first candidate instead of the
+# fastest (XLA's debug_options_flags.cc; registered in jaxlib 0.10 and 0.11): two runs of the
+# same seed give the same bits. A user who sets it in XLA_FLAGS keeps their value.
+GPU_DETERMINISM_FLAGS = ("--xla_gpu_deterministic_ops=true",)
 
 
 def _cpu_binding(node, index, local_rank, source, request) -> Binding:

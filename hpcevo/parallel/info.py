@@ -71,7 +71,7 @@ def render(info: dict[str, Any] | None) -> str:
         f"ranks         {info['size']} on {len(info['hosts'])} host(s): {', '.join(info['hosts'])}",
         f"JAX backend   {info['jax_backend']}",
         f"XLA flags     {info.get('xla_flags') or '(none)'}",
-        f"h5py MPI      {'yes' if info['h5py_mpi'] else 'NO (parallel checkpoints unavailable)'}",
+        f"h5py MPI      {'yes' if info['h5py_mpi'] else 'no (checkpoints of several ranks: written by rank 0 alone)'}",
         "versions      " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if k != "mpi"),
         "",
         f"{'rank':>4}  {'host':<16} {'local':>5}  {'local rank from':<26} {'device':<16} "

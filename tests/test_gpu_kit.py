@@ -1,0 +1,155 @@
+"""The GPU kit without a GPU: the wheelhouse, the offline install on a node with no registry, and
+the one command that runs every GPU check (its CPU smoke mode).
+
+The offline install is tried as it happens on a GPU node: an "image" interpreter that holds JAX,
+numpy, a serial h5py and the build tools but no MPI and no mpi4jax (like the lent H200's image),
+and scripts/gpu-node-setup.sh run in a network namespace with no network at all, from a
+wheelhouse scripts/gpu-wheelhouse.sh gathered for this Python. Gathering needs the package
+registry (as scripts/setup.sh does); the image is cached across runs under
+~/.cache/hpcevo (keyed by what it is built from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.gpu_kit
+
+# What the lent GPU machines' image holds of hpcevo's needs (and a serial h5py: its pip wheel).
+IMAGE_PACKAGES = ["jax", "jaxlib", "numpy", "h5py", "matplotlib", "tqdm", "filelock", "nanobind", "setuptools"]
+LIMIT_MIB = 64
+
+
+def sh(cmd, timeout=900, env=None, cwd=ROOT, check=True):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                       env={**os.environ, **(env or {})}, shell=isinstance(cmd, str))
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    return r
+
+
+def offline(cmd: str) -> str:
+    """``cmd`` in a network namespace whose only interface is loopback: nothing can be fetched."""
+    return f"unshare -n sh -c {json.dumps('ip link set lo up && ' + cmd)}"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    """A venv standing for a GPU node's image (cached: building it fetches about 150 MB)."""
+    stack = (ROOT / "requirements" / "stack.txt").read_bytes()
+    key = hashlib.sha256(stack + " ".join(IMAGE_PACKAGES).encode() + sys.version.encode()).hexdigest()[:16]
+    where = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hpcevo" / f"gpu-kit-image-{key}"
+    py = where / "bin" / "python"
+    if not (where / "ready").exists():
+        sh([_base_python(), "-m", "venv", "--clear", str(where)])
+        sh([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
+            str(ROOT / "requirements" / "stack.txt"), *IMAGE_PACKAGES])
+        (where / "ready").write_text("")
+    return py
+
+
+def _base_python() -> str:
+    """The interpreter below this venv (an image's Python is not hpcevo's venv)."""
+    return str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheelhouse")
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    sh(["scripts/gpu-wheelhouse.sh", str(out)], env={"HPCEVO_NODE_PYTHON": ver, "HPCEVO_PYTHON": sys.executable})
+    return out
+
+
+def manifest(folder: Path) -> list[tuple[str, int]]:
+    return [(line.split()[0], int(line.split()[1])) for line in (folder / "MANIFEST").read_text().splitlines()]
+
+
+def pins() -> list[str]:
+    lines = (ROOT / "requirements" / "gpu-node.txt").read_text().splitlines()
+    return [x.split("#")[0].strip() for x in lines if x.split("#")[0].strip()]
+
+
+def test_the_gpu_nodes_wheelhouse_holds_every_pin_and_fits_the_transfer(tmp_path):
+    """The folder for the GPU node's Python 3.12: one file per pin, within what can be carried."""
+    sh(["scripts/gpu-wheelhouse.sh", str(tmp_path)], env={"HPCEVO_PYTHON": sys.executable})
+    files = manifest(tmp_path)
+    assert len(files) == len(pins())
+    assert all("cp312" in f or "py3-none" in f or "-py2.py3-" in f or f.endswith(".tar.gz") for f, _ in files), files
+    total = sum(n for _, n in files)
+    assert total <= LIMIT_MIB * 2**20
+    print(f"wheelhouse for CPython 3.12: {len(files)} files, {total / 2**20:.1f} MiB")
+    # a folder over the limit is refused, with the size named
+    r = sh(["scripts/gpu-wheelhouse.sh", str(tmp_path)], env={"HPCEVO_PYTHON": sys.executable,
+                                                             "HPCEVO_WHEELHOUSE_MIB": "1"}, check=False)
+    assert r.returncode != 0 and "over the 1 MiB" in r.stderr
+
+
+def test_offline_install_beside_the_images_jax_then_a_run_and_its_resume(image, wheelhouse, tmp_path):
+    venv = tmp_path / "venv-gpu"
+    env = {"HPCEVO_PYTHON": str(image), "HPCEVO_VENV": str(venv), "PIP_CONFIG_FILE": os.devnull}
+    r = sh(offline(f"scripts/gpu-node-setup.sh {wheelhouse}"), env=env)
+    log = r.stderr
+    assert "MPI: MPICH" in log and "h5py" in log and "MPI: no" in log, log
+    py = venv / "bin" / "python"
+    # the image's jax is used, not a copy; MPI is the wheel's, and mpi4jax calls that same library
+    out = sh([str(py), "-c", "import jax, mpi4py, mpi4jax, h5py; from mpi4py import MPI; "
+              "print(jax.__file__); print(MPI.Get_library_version().split()[0]); print(h5py.get_config().mpi)"]).stdout
+    jax_file, mpi, h5mpi = out.split()
+    assert jax_file.startswith(str(image.parent.parent)) and mpi == "MPICH" and h5mpi == "False"
+    libs = sh(f"ldd {venv}/lib/python*/site-packages/mpi4jax/_src/xla_bridge/mpi_xla_bridge_cpu*.so").stdout
+    assert f"{venv}/lib/libmpi.so.12" in libs
+    # idempotent: a second call finds nothing to do
+    assert "up to date" in sh(offline(f"scripts/gpu-node-setup.sh {wheelhouse}"), env=env).stderr
+
+    # a 2-rank run with checkpoints (rank 0 writes them: this h5py has no MPI), resumed at 3
+    # ranks, equals one run at 1 rank; all offline, with the wheel's mpiexec
+    mpiexec = venv / "bin" / "mpiexec"
+    cfg = ROOT / "examples" / "cso.toml"
+    common = f"-m hpcevo run {cfg} --set algorithm.pop_size=64 --set problem.dim=10 --set checkpoint.every=10"
+    sh(offline(f"{mpiexec} -n 2 {py} {common} --set run.generations=20 --set run.out={tmp_path}/a"))
+    r = sh(offline(f"{mpiexec} -n 3 {py} {common} --set run.generations=40 --set run.out={tmp_path}/a --resume"))
+    sh(offline(f"{py} {common} --set run.generations=40 --set run.out={tmp_path}/b"))
+    a, b = (json.loads((tmp_path / x / "summary.json").read_text()) for x in "ab")
+    assert a["generations"] == b["generations"] == 40 and a["resumed_from"]
+    assert a["state_digest"] == b["state_digest"]
+    first = sh(offline(f"{mpiexec} -n 2 {py} {common} --set run.generations=10 --set run.out={tmp_path}/c")).stdout
+    assert "rank 0 writes the checkpoints alone" in first
+
+
+def test_a_wheelhouse_for_another_python_is_refused_with_one_message(image, tmp_path):
+    (tmp_path / "mpi4py-4.1.2-cp39-cp39-manylinux1_x86_64.whl").write_bytes(b"")
+    (tmp_path / "MANIFEST").write_text("")
+    r = sh(["scripts/gpu-node-setup.sh", str(tmp_path)], env={"HPCEVO_PYTHON": str(image),
+                                                             "HPCEVO_VENV": str(tmp_path / "v")}, check=False)
+    assert r.returncode == 1 and "is not for Python" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "v").exists()
+
+
+def test_the_gpu_command_runs_every_part_in_its_cpu_smoke_mode(tmp_path):
+    """python -m benchmarks gpu --smoke: what a GPU node runs, at toy sizes on the CPU; every part
+    completes, the digests agree at 1 and 2 ranks and after a resume, and the report is written."""
+    r = sh([sys.executable, "-m", "benchmarks", "gpu", "--smoke", "--out", str(tmp_path), "--budget", "400"],
+           timeout=900)
+    (report,) = tmp_path.glob("gpu-smoke-*.json")
+    rep = json.loads(report.read_text())
+    assert set(rep["parts"]) == {"env", "info", "digests", "speed", "allgather", "command_buffers"}
+    assert not [k for k, v in rep["parts"].items() if "error" in v], rep["parts"]
+    d = rep["parts"]["digests"]
+    assert d["all_equal"] and len({x["digest"] for x in d["rows"] if x["algorithm"] == "cso"}) == 2  # + half way
+    speed = rep["parts"]["speed"]
+    assert {(x["algorithm"], x["pop"]) for x in speed["rows"]} == {(a, p) for a in ("cso", "pso", "openes")
+                                                                  for p in (64, 256)}
+    assert all(x["ms"]["bare step"]["median"] > 0 and "hpcevo" in x["ms"] for x in speed["rows"])
+    assert [x["fitness_values"] for x in rep["parts"]["allgather"]["rows"]] == [1024, 16384, 262144]
+    md = report.with_suffix(".md").read_text()
+    assert "| cso | 64 | 10 |" in md and "equal: cso yes, pso yes, openes yes" in md
+    assert "equal: cso yes" in r.stdout
