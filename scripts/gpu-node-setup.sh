@@ -10,17 +10,20 @@
 #      numpy, h5py, ...) behind its own: a .pth file adds the image interpreter's site
 #      directories, which works where that interpreter is itself a venv (then `venv
 #      --system-site-packages` would see only the Python below it);
-#   2. every wheel of the folder, without dependencies (the folder holds one version of each):
-#      the MPICH wheel (libmpi, mpicc, mpiexec) and mpi4py's binary wheel, which loads it;
-#   3. mpi4jax from source with that mpicc, with its CUDA bridge when a CUDA toolkit is found
-#      (CUDA_PATH, the nvcc on PATH, /usr/local/cuda, or the image's nvidia-* wheels);
+#   2. every wheel of the folder, without dependencies (the folder holds one version of each);
 #   4. hpcevo itself, editable;
-#   5. a check that prints the versions found; h5py without MPI is reported (checkpoints of a
-#      job of several ranks are then written by rank 0 alone), not an error.
+#   5. the MPI: the image's own where its h5py was built with it (and its mpi4py runs it), else
+#      the MPICH wheel (libmpi, mpicc, mpiexec) with mpi4py's binary wheel; mpi4jax built from
+#      source with that MPI's mpicc, with its CUDA bridge when a CUDA toolkit is found
+#      (CUDA_PATH, the nvcc on PATH, /usr/local/cuda, or the image's nvidia-* wheels, step 3);
+#      a check that mpi4py and mpi4jax call one MPI library, and that prints the versions found.
+#      h5py without MPI is reported (checkpoints of a job of several ranks are then written by
+#      rank 0 alone), not an error.
 #
 # Knobs: HPCEVO_PYTHON (the image's interpreter that holds JAX, default python3), HPCEVO_VENV,
 # HPCEVO_GPU (auto | cuda | off; default auto: cuda where a GPU and a toolkit are found),
-# CUDA_PATH, HPCEVO_REBUILD=1 (everything again).
+# CUDA_PATH, HPCEVO_MPI (auto | wheel | system; default auto: the image's MPI where its h5py is
+# built with it, else the MPICH wheel), HPCEVO_REBUILD=1 (everything again).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,11 +31,13 @@ WH=$(cd "${1:-$ROOT/.whl/gpu}" 2>/dev/null && pwd) || { echo "[gpu-setup] error:
 PY=${HPCEVO_PYTHON:-python3}
 VENV=${HPCEVO_VENV:-$ROOT/.venv-gpu}
 GPU=${HPCEVO_GPU:-auto}
+MPI_CHOICE=${HPCEVO_MPI:-auto}
 
 say() { echo "[gpu-setup] $*" >&2; }
 die() { echo "[gpu-setup] error: $*" >&2; exit 1; }
 
 case "$GPU" in auto|cuda|off) ;; *) die "HPCEVO_GPU='$GPU': allowed values are auto, cuda, off" ;; esac
+case "$MPI_CHOICE" in auto|wheel|system) ;; *) die "HPCEVO_MPI='$MPI_CHOICE': allowed values are auto, wheel, system" ;; esac
 [ -f "$WH/MANIFEST" ] || die "$WH has no MANIFEST: make the folder with scripts/gpu-wheelhouse.sh"
 command -v "$PY" >/dev/null 2>&1 || die "no interpreter '$PY' (set HPCEVO_PYTHON to the image's python)"
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -90,7 +95,7 @@ fi
 fingerprint() {
   { cat "$WH/MANIFEST" "$ROOT/scripts/gpu-node-setup.sh" "$ROOT/pyproject.toml"
     "$PY" -c 'import sys, jax; print(sys.executable, sys.version, jax.__version__)'
-    echo "cuda: $CUDA"; } | sha256sum | cut -d' ' -f1
+    echo "cuda: $CUDA mpi: $MPI_CHOICE"; command -v mpicc || true; } | sha256sum | cut -d' ' -f1
 }
 FP=$(fingerprint)
 STAMP=$VENV/.hpcevo-gpu-setup
@@ -119,14 +124,13 @@ PY
 PIP=("$PY" -m pip --python "$VPY" --disable-pip-version-check -q)
 "$VPY" -c 'import jax' || die "the venv does not see the image's jax (see $SITE/_hpcevo_image.pth)"
 
-# -- 2. the wheels -----------------------------------------------------------------------------------
-say "installing $(ls "$WH"/*.whl | wc -l) wheels from $WH (offline)"
-"${PIP[@]}" install --no-index --no-deps --force-reinstall "$WH"/*.whl
-MPICC=$VENV/bin/mpicc
-[ -x "$MPICC" ] || die "the MPICH wheel gave no $MPICC"
-export PATH=$VENV/bin:$PATH
-"$VPY" -c 'from mpi4py import MPI; print("[gpu-setup] MPI:", MPI.Get_library_version().splitlines()[0])' >&2 \
-  || die "mpi4py cannot load the MPICH wheel's library"
+# -- 2. the wheels (the MPI ones in step 5) -----------------------------------------------------------
+mpi_wheels=() other_wheels=()
+for f in "$WH"/*.whl; do
+  case "$(basename "$f")" in mpich-*|mpi4py-*) mpi_wheels+=("$f") ;; *) other_wheels+=("$f") ;; esac
+done
+say "installing ${#other_wheels[@]} wheels from $WH (offline)"
+"${PIP[@]}" install --no-index --no-deps --force-reinstall "${other_wheels[@]}"
 
 # -- 3. mpi4jax --------------------------------------------------------------------------------------
 # Its build needs nanobind (the image's, or ours) and, at build time, mpi4py and jax importable.
@@ -195,27 +199,57 @@ PY
 say "installing hpcevo (editable)"
 "${PIP[@]}" install --no-index --no-deps --no-build-isolation -e "$ROOT"
 
-# -- 5. MPI: the MPICH wheel, else the image's own MPI; each checked --------------------------------
-# The MPICH wheel's library first, at link time and at run time: an image may hold another MPI
-# (seen: Debian's Open MPI 4.1.6 beside the H200 image's Python) whose libmpi.so the linker
-# would otherwise find, and mpi4jax would then call one MPI while mpi4py runs another (mpi4jax's
-# import refuses that).
-ROUTE=wheel
-CFLAGS="-I$VENV/include ${CFLAGS:-}" build_mpi4jax "$MPICC" "-L$VENV/lib -Wl,-rpath,$VENV/lib"
-if ! check_stack; then
-  sys_mpicc=$(PATH=${PATH#"$VENV/bin:"} command -v mpicc || true)
-  [ -n "$sys_mpicc" ] || die "the installed stack does not check out (see above)"
-  say "the MPICH wheel does not work beside this image; trying the image's own MPI ($sys_mpicc)"
-  "${PIP[@]}" uninstall -y mpich mpi4py >/dev/null
-  "$VPY" -c 'from mpi4py import MPI; print("[gpu-setup] the image'"'"'s mpi4py runs", MPI.Get_library_version().splitlines()[0])' >&2 \
-    || die "the image's mpi4py does not load its MPI either"
-  ROUTE=system
+# -- 5. MPI: the image's own, or the MPICH wheel; checked ------------------------------------------
+# The image's MPI where its h5py was built with it (a parallel h5py must run on the MPI it was
+# built for) and its mpi4py runs it; otherwise the MPICH wheel (an image with no MPI, or with one
+# its Python packages do not use: the H200 image had Debian's Open MPI 4.1.6 and a serial h5py),
+# and the image's MPI as the fallback when the wheel's does not check out.
+sys_mpicc=$(command -v mpicc || true)
+image_mpi() {  # the image's MPI, as its own mpi4py runs it (the venv's MPI wheels removed)
+  "${PIP[@]}" uninstall -y mpich mpi4py >/dev/null 2>&1 || true
+  "$VPY" -c 'from mpi4py import MPI; print("[gpu-setup] the image'"'"'s mpi4py runs", MPI.Get_library_version().splitlines()[0])' >&2
+}
+system_route() {
   build_mpi4jax "$sys_mpicc" ""
-  for t in mpiexec mpirun; do
+  local t real
+  for t in mpiexec mpirun; do  # the launcher that goes with it, where the venv's users look
     real=$(PATH=${PATH#"$VENV/bin:"} command -v $t || true)
-    [ -n "$real" ] && ln -sf "$real" "$VENV/bin/$t"
+    # a script, not a link: hydra finds its proxy beside the path it was started by
+    [ -n "$real" ] && printf '#!/bin/sh\nexec %s "$@"\n' "$real" > "$VENV/bin/$t" && chmod +x "$VENV/bin/$t"
   done
-  check_stack || die "the installed stack does not check out with the image's MPI either (see above)"
+  check_stack
+}
+ROUTE=$MPI_CHOICE
+if [ "$ROUTE" = auto ]; then
+  ROUTE=wheel
+  if [ -n "$sys_mpicc" ] && "$PY" -c 'import h5py, sys; sys.exit(not h5py.get_config().mpi)' 2>/dev/null \
+     && "$PY" -c 'from mpi4py import MPI' 2>/dev/null; then
+    ROUTE=system
+  fi
+fi
+if [ "$ROUTE" = system ]; then
+  [ -n "$sys_mpicc" ] || die "HPCEVO_MPI=system, but there is no mpicc on PATH (load the site's MPI module)"
+  say "using the image's MPI ($sys_mpicc): its h5py and mpi4py run on it"
+  image_mpi || die "the image's mpi4py does not load its MPI"
+  system_route || die "the installed stack does not check out with the image's MPI (see above)"
+else
+  say "installing the MPICH wheel and mpi4py's binary wheel"
+  "${PIP[@]}" install --no-index --no-deps --force-reinstall "${mpi_wheels[@]}"
+  [ -x "$VENV/bin/mpicc" ] || die "the MPICH wheel gave no $VENV/bin/mpicc"
+  export PATH=$VENV/bin:$PATH
+  "$VPY" -c 'from mpi4py import MPI; print("[gpu-setup] MPI:", MPI.Get_library_version().splitlines()[0])' >&2 \
+    || die "mpi4py cannot load the MPICH wheel's library"
+  # The wheel's library first, at link time and at run time: the linker would otherwise take an
+  # image's other libmpi.so (it did on the H200 image), and mpi4jax would call one MPI while
+  # mpi4py runs another (mpi4jax's import refuses that).
+  if ! CFLAGS="-I$VENV/include ${CFLAGS:-}" build_mpi4jax "$VENV/bin/mpicc" "-L$VENV/lib -Wl,-rpath,$VENV/lib" \
+     || ! check_stack; then
+    [ -n "$sys_mpicc" ] && [ "$MPI_CHOICE" = auto ] || die "the installed stack does not check out (see above)"
+    say "the MPICH wheel does not work beside this image; trying the image's own MPI ($sys_mpicc)"
+    ROUTE=system
+    image_mpi || die "the image's mpi4py does not load its MPI either"
+    system_route || die "the installed stack does not check out with the image's MPI either (see above)"
+  fi
 fi
 echo "$FP" > "$STAMP"
 say "ready ($ROUTE MPI): $VENV (activate it, or run $VPY; mpiexec is $VENV/bin/mpiexec)"

@@ -125,6 +125,38 @@ def test_offline_install_beside_the_images_jax_then_a_run_and_its_resume(image, 
     assert "rank 0 writes the checkpoints alone" in first
 
 
+def test_an_image_whose_h5py_runs_on_its_own_mpi_keeps_that_mpi(wheelhouse, tmp_path):
+    """An image with an MPI of its own that its h5py (parallel) and mpi4py run on, like a site's
+    software stack: the set-up builds mpi4jax against that MPI, installs neither MPI wheel, and
+    checkpoints are written by every rank. The image here is this suite's own environment (its
+    MPICH and parallel h5py), seen through a .pth file as the set-up sees an image."""
+    import sysconfig
+
+    from mpi4py import MPI
+
+    img = tmp_path / "image"
+    sh([_base_python(), "-m", "venv", "--without-pip", str(img)])
+    purelib = Path(sysconfig.get_paths(vars={"base": str(img), "platbase": str(img)})["purelib"])
+    (purelib / "suite.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    venv = tmp_path / "venv-gpu"
+    r = sh(offline(f"scripts/gpu-node-setup.sh {wheelhouse}"),
+           env={"HPCEVO_PYTHON": str(img / "bin" / "python"), "HPCEVO_VENV": str(venv), "PIP_CONFIG_FILE": os.devnull})
+    assert "ready (system MPI)" in r.stderr and "MPI: yes" in r.stderr, r.stderr
+    py = venv / "bin" / "python"
+    lib = sh([str(py), "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"]).stdout.strip()
+    assert lib == MPI.Get_library_version().splitlines()[0].strip()
+    assert not list(venv.glob("lib/python*/site-packages/mpich*")) and not (venv / "bin" / "mpicc").exists()
+    mpiexec = venv / "bin" / "mpiexec"
+    assert mpiexec.read_text().startswith("#!/bin/sh\nexec /")  # the image's, started by its own path
+    cfg = ROOT / "examples" / "cso.toml"
+    common = f"-m hpcevo run {cfg} --set algorithm.pop_size=64 --set problem.dim=10 --set checkpoint.every=10 --set run.generations=20"
+    two = sh(offline(f"{mpiexec} -n 2 {py} {common} --set run.out={tmp_path}/a")).stdout
+    assert "writes the checkpoints alone" not in two
+    sh(offline(f"{py} {common} --set run.out={tmp_path}/b"))
+    a, b = (json.loads((tmp_path / x / "summary.json").read_text()) for x in "ab")
+    assert a["state_digest"] == b["state_digest"]
+
+
 def test_a_wheelhouse_for_another_python_is_refused_with_one_message(image, tmp_path):
     (tmp_path / "mpi4py-4.1.2-cp39-cp39-manylinux1_x86_64.whl").write_bytes(b"")
     (tmp_path / "MANIFEST").write_text("")

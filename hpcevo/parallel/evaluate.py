@@ -44,8 +44,8 @@ from .context import ParallelContext
 MAX_MICROBATCHES = 64
 MIN_MICROBATCH = 8
 # On a GPU each micro-batch costs a host round trip (XLA runs a loop whose trip count is data by
-# copying its condition to the host every iteration) and a few kernel launches: about 35 us on an
-# H200 with jax 0.11.2, where a 256-row Ackley block takes a few. Measured (CSO, Ackley, dim 100,
+# copying its condition to the host every iteration) and a few kernel launches: 20 to 36 us on an
+# H200 with jax 0.11.2, where a 128-row Ackley block takes a few. Measured (CSO, Ackley, dim 100,
 # one rank, ms per generation against the bare step's): pop 16,384 in 64 micro-batches 2.45 ms, in
 # 8 1.37, in 1 1.26 (bare 1.04); pop 262,144 in 64 21.3, in 8 19.3 (bare 18.8); docs/gpu.md. So
 # a GPU rank takes blocks of at least GPU_MICROBATCH rows, and at most GPU_MAX_MICROBATCHES of them
