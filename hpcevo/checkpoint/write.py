@@ -79,9 +79,10 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
             if f is not None:
                 _create_datasets(f, meta, datasets, handles)
         with w.stage("writing data"):
-            # serially, rank 0 writes every block, as the one rank of a one-rank job would
+            # serially, rank 0 writes every block, as the one rank of a one-rank job would (the
+            # others hold no dataset handles, so they write nothing)
             writer = (0, 1) if serial else (ctx.rank, ctx.size)
-            crcs = _write_blocks(writer, datasets, handles, layout) if f is not None else [[] for _ in datasets]
+            crcs = _write_blocks(writer, datasets, handles, layout)
         everyone = allgather_obj(ctx, crcs)
         with w.stage("finishing the file"):
             if f is not None:

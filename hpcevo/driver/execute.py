@@ -256,7 +256,7 @@ class Run:
             line(f"note: {crowded}")
         if self.parts.cache_note:
             line(self.parts.cache_note)
-        serial = checkpoint.serial_note(ctx) if cfg.checkpoint.every or cfg.checkpoint.every_seconds or cfg.checkpoint.final else None
+        serial = checkpoint.serial_note(ctx)  # (a stop signal writes a checkpoint whatever the settings)
         if serial:
             line(serial)
         hosted = loop.engine.layout.per_rank if self.parts.islands else 1
