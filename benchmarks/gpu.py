@@ -104,10 +104,13 @@ class Runner:
         r = self.run([sys.executable, "-m", "benchmarks.gpu", "--worker", name, *args], ranks, timeout,
                      extra_env=extra_env)
         lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-        if r.returncode != 0 or not lines:
+        if not lines or r.returncode not in (0, 124):
             raise RuntimeError(f"worker {name} ({ranks or 1} rank(s)) failed, rc {r.returncode}: "
                                f"{(r.stderr or r.stdout)[-1500:]}")
-        return json.loads(lines[-1][7:])
+        out = json.loads(lines[-1][7:])
+        if r.returncode == 124:  # out of time: what the worker had finished (it reports as it goes)
+            out["timed_out"] = True
+        return out
 
 
 # -- workers (each in its own process) ------------------------------------------------------------
@@ -190,6 +193,8 @@ def w_speed(configs: str, gens: int, repeats: int, budget: float) -> None:
         except Exception as e:  # noqa: BLE001  (out of memory, say: recorded, the next size runs)
             rows.append({"algorithm": algo_name, "pop": pop, "dim": dim, "error": f"{type(e).__name__}: {str(e)[:500]}"})
             print(f"[speed] {algo_name} pop {pop} dim {dim}: {rows[-1]['error']}", file=sys.stderr, flush=True)
+        # After every row: a worker stopped by its time limit still hands over what it measured.
+        _emit(ctx, {"rows": rows, "skipped": skipped, "evosax": have_evosax, "device": ctx.device})
     _emit(ctx, {"rows": rows, "skipped": skipped, "evosax": have_evosax, "device": ctx.device})
 
 

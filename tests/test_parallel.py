@@ -100,6 +100,51 @@ def test_bitwise_equal_to_one_rank(ctx, references, request, shared_tmp, name, p
     assert ctx.comm_ctl.allgather(here[0]) == [here[0]] * ctx.size
 
 
+class Undeclared:
+    """A problem's function with nothing declared about blocks: evaluated the old way, one
+    micro-batch at a time, in a loop."""
+
+    def __init__(self, problem):
+        self.dim, self.lb, self.ub, self.evaluate = problem.dim, problem.lb, problem.ub, problem.evaluate
+
+
+@pytest.mark.parametrize("name,pop", [("cso", 37), ("pso", 1024), ("de", 100), ("cmaes", 24), ("openes", 50)])
+def test_one_call_per_rank_gives_the_bits_of_the_loop_of_microbatches(ctx, shared_tmp, name, pop):
+    """A block-invariant problem (hpcevo's own functions) is evaluated in one call per rank
+    (its slots of micro-batches together), the others one micro-batch at a time: the same bits,
+    at this rank count, uneven splits included (37 rows: 5 micro-batches of 8)."""
+    from hpcevo.algorithms import ALGORITHMS
+
+    problem = make_problem("rastrigin", 9)
+    assert problem.block_invariant
+    algo = ALGORITHMS[name](pop_size=pop, dim=9, lb=problem.lb, ub=problem.ub)
+    whole = run(ctx, algo, problem, shared_tmp / "whole", generations=9, every=3)
+    loop = run(ctx, algo, Undeclared(problem), shared_tmp / "loop", generations=9, every=3)
+    assert whole == loop
+
+
+def test_the_one_call_path_is_taken_where_it_keeps_the_bits(ctx):
+    from hpcevo.parallel import ShardedEvaluator
+
+    fn = make_problem("sphere", 4).evaluate
+    ev = ShardedEvaluator(fn, 37, ctx, block_invariant=True)
+    assert ev.whole and ev.k == 5 and ev.slots == -(-5 // ctx.size)
+    # every rank's call has the same shape, and none reads past the padded batch
+    assert ev.rows >= max(s + ev.slots for s, _ in (shard_of(37, 8, ctx.size, r) for r in range(ctx.size))) * 8
+    assert not ShardedEvaluator(fn, 37, ctx).whole  # undeclared: the loop
+    assert not ShardedEvaluator(fn, 37, ctx, batch_size=4, block_invariant=True).whole  # memory bound: the loop
+    x = jax_uniform((37, 4))
+    a = ev(x, np.asarray(ev.shard))
+    b = ShardedEvaluator(fn, 37, ctx)(x, np.asarray(ev.shard))
+    assert np.array_equal(np.asarray(a), np.asarray(b)) and np.array_equal(np.asarray(a), np.asarray(fn(x)))
+
+
+def jax_uniform(shape):
+    import jax
+
+    return jax.random.uniform(jax.random.PRNGKey(0), shape, minval=-5.0, maxval=5.0)
+
+
 @pytest.mark.slow
 def test_float64_bitwise_equal_to_one_rank(ctx, references, request, shared_tmp):
     import jax

@@ -187,10 +187,10 @@ class ReplicatedGeneration:
     compile-time constant, so every rank at every rank count compiles the same program."""
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
-                 microbatch: int | None, batch_size: int | None):
+                 microbatch: int | None, batch_size: int | None, block_invariant: bool = False):
         self.algorithm = algorithm
-        self.first = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size)
-        self.later = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size)
+        self.first = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size, block_invariant)
+        self.later = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size, block_invariant)
         self.shards = (jnp.asarray(self.first.shard), jnp.asarray(self.later.shard))
         self.microbatches = self.later.k
 
@@ -230,7 +230,7 @@ class DeviceEngine:
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext, *,
                  microbatch: int | None = None, batch_size: int | None = None, with_generation: bool = False,
-                 recorder: Any = None, trace: str = "", with_data: bool = False):
+                 recorder: Any = None, trace: str = "", with_data: bool = False, block_invariant: bool = False):
         self.algorithm, self.ctx = algorithm, ctx
         # with_data: evaluate(x, data[, generation]) with the problem's instance data, passed into
         # every program as an argument (params[PROBLEM_DATA]): instances of one problem (BBOB's
@@ -250,8 +250,12 @@ class DeviceEngine:
         if algorithm.distributed:
             self.generation = DistributedESGeneration(algorithm, evaluate, ctx)
         else:
-            self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size)
+            self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size, block_invariant)
         self._evaluate, self._microbatch, self._batch_size = evaluate, microbatch, batch_size
+        self._block_invariant = block_invariant
+        self._pack: _RowPacking | None = None  # the history's layout, known once _run_chunk is traced
+        self._scalars: dict[int, jax.Array] = {}
+        self._limits_kept: tuple | None = None
         self._evaluators: dict[int, ShardedEvaluator] = {}
         self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
@@ -296,35 +300,41 @@ class DeviceEngine:
     def _run_chunk(self, state, n: jax.Array, shards, params: Params = None, limits=None):
         # A while loop, not a fori_loop: a budget or a target ends it at the very generation that
         # meets it (every rank decides alike: the state is replicated).
-        row = self.recorder.row
-        buf = self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
-                                           for s in jax.eval_shape(row, state, state)))
-        evals = jnp.zeros((MAX_CHUNK,), jnp.int32)
+        # The history row and the rows used, as one row of one buffer per dtype and shape: a
+        # generation writes one or two slices, not six (each a kernel launch of its own on a
+        # CPU, a few per cent of a cheap generation).
+        pack = self._packing(state)
         left, target, tolerance, window = limits
         _, _, traced = jax.eval_shape(self._next_generation, state, shards, params)
         trace = tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in traced)
         k = window.shape[0]  # stagnation's generations (0: not checked; a static shape)
 
         def more(carry):
-            i, spent, s, _, _, _, _, stalled = carry
+            i, spent, s, _, _, _, stalled = carry
             return (i < n) & (spent < left) & ~self.recorder.reached(s, target) & ~stalled
 
         def body(carry):
-            i, spent, s, h, e, t, w, stalled = carry
+            i, spent, s, h, t, w, stalled = carry
             s2, used, got = self._next_generation(s, shards, params)
-            h = type(h)(*(col.at[i].set(v) for col, v in zip(h, row(s, s2))))
+            h = pack.write(h, i, (*self.recorder.row(s, s2), used))
             if self.trace:
                 t = tuple(buf.at[i].set(v) for buf, v in zip(t, got))
             if k:  # the best k generations ago sits where this generation's goes (NaN: too early)
                 at = s2.generation % k
                 stalled = w[at] - s2.best_f <= tolerance
                 w = w.at[at].set(s2.best_f)
-            return i + 1, spent + used, s2, h, e.at[i].set(used), t, w, stalled
+            return i + 1, spent + used, s2, h, t, w, stalled
 
-        i, _, state, buf, evals, trace, _, _ = lax.while_loop(
-            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, buf, evals, trace, window,
-                         jnp.asarray(False)))
-        return state, buf, evals, i, trace
+        i, _, state, packed, trace, _, _ = lax.while_loop(
+            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, pack.empty(MAX_CHUNK), trace,
+                         window, jnp.asarray(False)))
+        return state, packed, i, trace  # the host unpacks the history (one transfer per group)
+
+    def _packing(self, state) -> "_RowPacking":
+        if self._pack is None:
+            shapes = [*jax.eval_shape(self.recorder.row, state, state), jax.ShapeDtypeStruct((), jnp.int32)]
+            self._pack = _RowPacking(shapes)
+        return self._pack
 
     def _first_with_history(self, key: jax.Array, shards, params: Params = None):
         state, used, traced = self._first_used(key, shards, params)
@@ -354,7 +364,7 @@ class DeviceEngine:
         if n not in self._evaluators:
             later = getattr(self.generation, "later", None)
             self._evaluators[n] = later if later is not None and later.n == n else ShardedEvaluator(
-                self._evaluate, n, self.ctx, self._microbatch, self._batch_size)
+                self._evaluate, n, self.ctx, self._microbatch, self._batch_size, self._block_invariant)
         return self._evaluators[n], jnp.asarray(self._evaluators[n].shard)
 
     def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:
@@ -402,9 +412,27 @@ class DeviceEngine:
                 limits: Limits = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"advance: n must be in 1..{self.max_chunk}, got {n}")
-        state, hist, used, done, trace = self._chunk(state, jnp.asarray(n, jnp.int32), self.generation.shards,
-                                                     params, limits.data(self.algorithm.dtype))
-        return state, _host_history(hist, int(done), used, trace)
+        state, packed, done, trace = self._chunk(state, self._scalar(n), self.generation.shards,
+                                                 params, self._limits_data(limits))
+        packed, done = jax.device_get((packed, done))
+        *columns, used = self._pack.columns(packed)
+        return state, _host_history(self.recorder.history_type(*columns), int(done), used,
+                                    trace if self.trace else ())
+
+    # A dispatch's small arguments, made once: building a device array costs tens of us of
+    # Python, a cost that shows in a dispatch of cheap generations.
+    def _scalar(self, n: int) -> jax.Array:
+        if n not in self._scalars:
+            self._scalars[n] = jnp.asarray(n, jnp.int32)
+        return self._scalars[n]
+
+    def _limits_data(self, limits: Limits) -> tuple:
+        window = None if limits.window is None else np.asarray(limits.window, np.float64).tobytes()
+        key = (limits.evaluations, limits.target, limits.tolerance, window)
+        kept = self._limits_kept
+        if kept is None or kept[0] != key:
+            kept = self._limits_kept = (key, limits.data(self.algorithm.dtype))
+        return kept[1]
 
     def template(self, seed: int = 0, params: Params = None) -> Any:
         return jax.eval_shape(self._first_generation, jax.random.PRNGKey(seed), self.generation.shards, params)
@@ -429,6 +457,32 @@ class DeviceEngine:
 
     def close(self) -> None:
         pass
+
+
+class _RowPacking:
+    """Values of fixed shapes and dtypes, one row per generation, kept as one (rows, count, *shape)
+    buffer per (dtype, shape) group: ``write`` stores a generation's values with one
+    dynamic-update-slice per group, ``columns`` gives them back one (rows, *shape) array each."""
+
+    def __init__(self, shapes):
+        self.shapes = shapes
+        self.groups: dict[tuple, list[int]] = {}
+        for j, s in enumerate(shapes):
+            self.groups.setdefault((jnp.dtype(s.dtype), tuple(s.shape)), []).append(j)
+
+    def empty(self, rows: int) -> tuple:
+        return tuple(jnp.zeros((rows, len(js), *shape), dtype) for (dtype, shape), js in self.groups.items())
+
+    def write(self, bufs: tuple, i: jax.Array, values) -> tuple:
+        return tuple(buf.at[i].set(jnp.stack([jnp.asarray(values[j], buf.dtype) for j in js]))
+                     for buf, js in zip(bufs, self.groups.values()))
+
+    def columns(self, bufs: tuple) -> list:
+        out: list = [None] * len(self.shapes)
+        for buf, js in zip(bufs, self.groups.values()):
+            for c, j in enumerate(js):
+                out[j] = buf[:, c]
+        return out
 
 
 def idle_ranks(ranks: int, pieces: int, rows: int) -> tuple[int, int]:

@@ -101,6 +101,7 @@ class Loop:
                    arguments.differ)
         self.ctx, self._algorithm, self.problem = ctx, algorithm, problem
         self._params = params_of(algorithm)
+        self._data_kept: tuple | None = None  # (what it was made from, Loop._data())
         self._pending: tuple[jax.Array, Any, int] | None = None  # ask's (x, algorithm state, generation)
         self.engine: Engine
         mb, bs = opts["microbatch"], opts["batch_size"]
@@ -304,10 +305,19 @@ class Loop:
                 f"of this one (what can change: {dynamic})")
 
     def _data(self) -> Params:
+        # Made again only when the algorithm or its values change (a dispatch of cheap
+        # generations would otherwise spend more on building these arrays than on computing).
         data = getattr(self.problem, "program_data", None)
+        key = (self._algorithm, dict(self._params) if self._params else None, data)
+        kept = self._data_kept
+        if kept is not None and kept[0][0] is key[0] and kept[0][2] is data and kept[0][1] == key[1]:
+            return kept[1]
         if data is None:
-            return params_data(self._algorithm, self._params) if self._params else None
-        return {**params_data(self._algorithm, self._params), PROBLEM_DATA: data}
+            value = params_data(self._algorithm, self._params) if self._params else None
+        else:
+            value = {**params_data(self._algorithm, self._params), PROBLEM_DATA: data}
+        self._data_kept = (key, value)
+        return value
 
     # -- ask / evaluate / tell: a generation in the user's hands --------------------------------
     def ask(self) -> jax.Array:
@@ -491,7 +501,9 @@ class Loop:
 
     def check_replicas(self) -> None:
         """Collective: DivergenceError on every rank if any rank's state differs from rank 0's."""
-        check_replicas(self.ctx, self.engine.fingerprint(self._require_state()), self.generation)
+        state = self._require_state()
+        if self.ctx.size > 1:  # (one rank has no replica to compare: no fingerprint to compute)
+            check_replicas(self.ctx, self.engine.fingerprint(state), self.generation)
 
     def _require_state(self) -> Any:
         if self.state is None:
@@ -577,7 +589,7 @@ def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, 
     evaluate = problem.evaluate_with if with_data else problem.evaluate
     engine = DeviceEngine(algorithm, evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
                           with_generation=problem.wants_generation, recorder=recorder, trace=trace,
-                          with_data=with_data)
+                          with_data=with_data, block_invariant=bool(getattr(problem, "block_invariant", False)))
     _ENGINES.append((key, engine))
     del _ENGINES[:-ENGINES_KEPT]
     return engine
