@@ -352,7 +352,7 @@ def cli_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) 
     time per generation from its records between generation 100 and the last; alternated with
     samples of the bare step, run after each."""
     gens = generations_for(pop, dim, args.sample_s)
-    total = 100 + 100 * max(2, -(-gens * args.repeats // 100))
+    total = 100 + 100 * max(2, -(-2 * gens * args.repeats // 100))  # about 2 s of generations
     hyper = PAIRS[(peer, algorithm)]
     got = workers["hpcevo"].ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=gens, hyper=hyper)
     if "error" in got:

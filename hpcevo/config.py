@@ -143,7 +143,7 @@ class ParallelSection(_Section):
 class CheckpointSection(_Section):
     # Periodic checkpoints guard against failures that come without warning (a node dies);
     # whichever of the two intervals comes first triggers one. 0 turns an interval off.
-    every: int = Field(1000, ge=0)  # generations
+    every: int = Field(1000, ge=0)  # generations (left at this default: at most 5% of the run, execute.py)
     every_seconds: float = Field(900.0, ge=0)  # wall-clock seconds since the last checkpoint
     keep: int = Field(3, ge=1)  # newest checkpoints kept; older ones are pruned after a new one
     keep_every: int = Field(0, ge=0)  # also keep every checkpoint at a multiple of this generation

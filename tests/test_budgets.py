@@ -43,7 +43,7 @@ def config(out, generations=None, **run):
 @pytest.mark.single_process
 def test_budget_ends_the_loop_at_the_generation_that_reaches_it():
     loop = hpcevo.Loop(cmaes(), SPHERE).init(1).limit(evaluations=100)
-    loop.advance(1000)  # one dispatch of up to 256 generations: the stop is inside it
+    loop.advance(1000)  # one dispatch of up to 1,024 generations: the stop is inside it
     # 9 rows a generation: 100 is reached in generation 12 (108 evaluations), not at a boundary
     assert loop.met == "evaluations" and loop.generation == 12 and loop.evaluations == 108
     assert list(loop.history["evaluations"]) == [9] * 12

@@ -308,6 +308,61 @@ def test_resume_conflicts_allow_what_keeps_the_state_meaningful(tmp_path):
     ]
 
 
+def test_the_default_every_keeps_checkpoints_to_a_small_share_of_the_run(ctx, shared_tmp, monkeypatch):
+    """checkpoint.every left at its default (1,000) writes the first one on schedule, then none
+    sooner than 20x the last one's writing time after it; the final one is written. Set
+    explicitly, every multiple is written. Every rank agrees. (The checkpoint clock stands still
+    here, as if generations were free: whether a real run skips depends on its speed.)"""
+    from types import SimpleNamespace
+
+    from hpcevo.driver import stopping
+
+    monkeypatch.setattr(stopping, "time", SimpleNamespace(monotonic=lambda: 1000.0, time=time.time))
+
+    def gens_written(out, **sets):
+        data = json.loads(json.dumps(BASE))
+        data["run"].update(out=str(out), generations=6000)
+        data["log"]["every"] = 500
+        data["checkpoint"] = {"keep": 100, "every_seconds": 0, **sets}
+        hpcevo.run(hpcevo.load_config(data), quiet=True, ctx=ctx)
+        got = sorted(int(p.stem.split("-")[1]) for p in checkpoint.list_checkpoints(out / "checkpoints"))
+        assert ctx.comm_ctl.allgather(got) == [got] * ctx.size
+        return got
+
+    assert gens_written(shared_tmp / "set", every=1000) == [1000, 2000, 3000, 4000, 5000, 6000]
+    assert gens_written(shared_tmp / "default") == [1000, 6000]
+
+
+@pytest.mark.single_process
+def test_a_checkpoint_too_soon_is_skipped_only_by_generation_count():
+    from hpcevo.driver.policy import CheckpointPolicy
+
+    p = CheckpointPolicy(every=100, final=True, generations=1000, last=0)
+    assert p.due(100, stopping=False, time_due=False) and not p.due(100, stopping=False, time_due=False, soon=True)
+    assert p.due(100, stopping=True, time_due=False, soon=True)  # a stop always writes
+    assert p.due(150, stopping=False, time_due=True, soon=True)  # so does checkpoint.every_seconds
+    assert p.due(1000, stopping=False, time_due=False, soon=True)  # and the end (final)
+    assert not p.due(150, stopping=False, time_due=False)
+
+
+@pytest.mark.single_process
+def test_stop_control_says_soon_within_the_share(monkeypatch):
+    from hpcevo.driver import stopping
+    from hpcevo.driver.stopping import StopControl
+
+    clock = [100.0]
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: clock[0])
+    ctx = context_for(MPI.COMM_SELF)
+    limited, free = (StopControl(ctx, StopFlag(), Deadline(None, 0.0, ""), 0.0, share) for share in (0.05, 0.0))
+    assert not limited.poll(8).soon  # nothing written yet: nothing to measure
+    for s in (limited, free):
+        s.checkpoint_written(2.0)
+    clock[0] += 39.0  # 39 s after a 2 s write: 5% of the time would be 40 s
+    assert limited.poll(8).soon and not free.poll(8).soon
+    clock[0] += 1.5
+    assert not limited.poll(8).soon
+
+
 class OneRankSignalled(StopFlag):
     """Only the last rank 'receives' SIGUSR1, right away: the others must learn it and stop at the
     same generation."""

@@ -53,10 +53,12 @@ class CheckpointPolicy:
     generations: int
     last: int  # the generation of the newest checkpoint (the resumed one, or 0)
 
-    def due(self, gen: int, *, stopping: bool, time_due: bool) -> bool:
+    def due(self, gen: int, *, stopping: bool, time_due: bool, soon: bool = False) -> bool:
+        """``soon``: a checkpoint by generation count would come too soon after the last one
+        (the default ``every`` only: ``StopControl``); stops, the clock and the end still write."""
         if gen == self.last:
             return False
-        return (stopping or time_due or bool(self.every and gen % self.every == 0)
+        return (stopping or time_due or (bool(self.every and gen % self.every == 0) and not soon)
                 or (gen == self.generations and self.final))
 
 

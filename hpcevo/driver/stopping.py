@@ -137,6 +137,7 @@ class Decision:
     late: bool  # the deadline is near on some rank's clock
     time_due: bool  # checkpoint.every_seconds has passed on some rank's clock
     chunk: int  # the next dispatch's length: the least any rank asked for
+    soon: bool = False  # a checkpoint now would exceed the default's share of the run (StopControl)
 
     @property
     def stop(self) -> bool:
@@ -152,8 +153,12 @@ class StopControl:
     takes at the same generation: one collective (``agree_max``) per boundary."""
 
     def __init__(self, ctx: ParallelContext, source: StopSource, deadline: Deadline,
-                 every_seconds: float = 0.0):
+                 every_seconds: float = 0.0, share: float = 0.0):
+        """``share``: with the default ``checkpoint.every``, the most of a run's time its checkpoints
+        by generation count may take (0: no limit): such a checkpoint comes no sooner than
+        ``1 / share`` times the last one's writing time after it."""
         self.ctx, self.source, self.deadline, self.every_seconds = ctx, source, deadline, every_seconds
+        self.share, self.last_write_s = share, 0.0
         self.last_checkpoint = time.monotonic()
 
     def __enter__(self) -> "StopControl":
@@ -165,12 +170,16 @@ class StopControl:
 
     def poll(self, chunk: int) -> Decision:
         """Collective: what every rank agrees on now (``chunk``: the length this rank wants)."""
-        time_due = bool(self.every_seconds) and time.monotonic() - self.last_checkpoint >= self.every_seconds
-        signum, late, due, neg_chunk = agree_max(self.ctx, [self.source.signum, self.deadline.due(), time_due, -chunk])
-        return Decision(int(signum), bool(late), bool(due), int(-neg_chunk))
+        since = time.monotonic() - self.last_checkpoint
+        time_due = bool(self.every_seconds) and since >= self.every_seconds
+        soon = bool(self.share) and since * self.share < self.last_write_s
+        signum, late, due, neg_chunk, too_soon = agree_max(
+            self.ctx, [self.source.signum, self.deadline.due(), time_due, -chunk, soon])
+        return Decision(int(signum), bool(late), bool(due), int(-neg_chunk), bool(too_soon))
 
     def checkpoint_written(self, seconds: float) -> None:
         self.last_checkpoint = time.monotonic()
+        self.last_write_s = seconds
         self.deadline.note_checkpoint(seconds)
 
 
