@@ -4,6 +4,7 @@
     python -m benchmarks peers                # every shared algorithm, pop 64/1,024/16,384, dim 10/100
     python -m benchmarks peers --quick        # two rows, toy sizes (the suite's smoke test)
     python -m benchmarks peers --only evosax:pso --pops 1024 --dims 100 --repeats 9
+    python -m benchmarks peers --construction # why the old harness (state built inside jit) misled
 
 Writes ``benchmarks/results/vs_peers-<date>-<host>.json`` (every sample) and prints a table:
 milliseconds per generation, medians with [min, max] over the repeats, and the ratio peer / hpcevo
@@ -300,16 +301,82 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+# -- why the old harness misled: evosax's PSO timed with its state built inside the call ---------------
+def construction(repeats: int = 7, gens: int = 100, pop: int = 1024, dim: int = 100) -> dict:
+    """evosax's PSO, ``gens`` generations a call: the state built inside the timed jitted call
+    (the old benchmarks/vs_evosax.py), carried from call to call (donated or not), and carried but
+    restarted from the same fresh state every call (generations 1..gens each time); and how far
+    out of the box its particles fly in the first generations. Runs in this process."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from evosax import algorithms as ev
+
+    from hpcevo.problems import make_problem
+
+    problem = make_problem("ackley", dim)
+    es = ev.PSO(population_size=pop, solution=jnp.zeros((dim,)))
+    params = es.default_params
+
+    def step(c, _):
+        key, state = c
+        key, ka, kt = jax.random.split(key, 3)
+        x, state = es.ask(ka, state, params)
+        state, _ = es.tell(kt, x, problem.evaluate(x), state, params)
+        return (key, state), None
+
+    def fresh(key):
+        key, k_init, k_x = jax.random.split(key, 3)
+        x0 = jax.random.uniform(k_x, (pop, dim), jnp.float32, -ACKLEY_BOX, ACKLEY_BOX)
+        return key, es.init(k_init, x0, problem.evaluate(x0), params)
+
+    def run(c, n=gens):
+        return lax.scan(step, c, None, length=n)[0]
+
+    key = jax.random.PRNGKey(0)
+    start = jax.jit(fresh)(key)
+    inside, donated, kept = jax.jit(lambda k: run(fresh(k))), jax.jit(run, donate_argnums=0), jax.jit(run)
+    box = {"d": jax.tree_util.tree_map(jnp.copy, start), "k": jax.tree_util.tree_map(jnp.copy, start)}
+    variants = {"state built inside the timed call (the old harness)": lambda: inside(key),
+                "carried from call to call, donated": lambda: box.__setitem__("d", donated(box["d"])),
+                "carried, not donated": lambda: box.__setitem__("k", kept(box["k"])),
+                "carried, from the same fresh state every call": lambda: kept(start)}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for fn in variants.values():
+        jax.block_until_ready(fn())
+        jax.block_until_ready(fn())
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append((time.perf_counter() - t) / gens * 1e3)
+    spread = {n: float(jnp.abs(jax.jit(run, static_argnums=1)(start, n)[1].population).max()) for n in (1, 10, 50)}
+    spread["later"] = float(jnp.abs(box["k"][1].population).max())
+    return {"ms_per_generation": {k: _stats(v) for k, v in times.items()}, "max_abs_x_after": spread}
+
+
 # -- the driver -------------------------------------------------------------------------------------
 def _stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _calibrated(w: "Worker", peer: str, algorithm: str, pop: int, dim: int, args) -> int:
+    """Generations per sample for the peer: the cost model's, unless two generations of it show
+    a far slower peer (evosax's DE is quadratic in the population: 2.4 s a generation at 16,384)."""
+    model = generations_for(pop, dim, args.sample_s, peer)
+    got = w.ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=2, hyper={})
+    w.ask(op="drop")
+    if "error" in got or not got["warm_s"]:
+        return model
+    per_generation = max(got["warm_s"].values()) / 2
+    return max(1, min(model, int(args.sample_s / per_generation)))
 
 
 def measure_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) -> dict:
     """One row: the peer's and hpcevo's programs built, warmed, then timed in turn."""
     row = {"peer": peer, "algorithm": algorithm, "pop": pop, "dim": dim}
     gens = generations_for(pop, dim, args.sample_s)
-    sides = {"hpcevo": gens, peer: generations_for(pop, dim, args.sample_s, peer)}
+    sides = {"hpcevo": gens, peer: _calibrated(workers[peer], peer, algorithm, pop, dim, args)}
     row["gens"] = sides
     timed, slow = [], set()
     for side, g in sides.items():
@@ -432,6 +499,8 @@ def parse(argv):
     p.add_argument("--cli-pops", nargs="*", type=int, default=[1024], help="rows also run as `hpcevo run`")
     p.add_argument("--cli-repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="toy sizes, two repeats (a smoke run)")
+    p.add_argument("--construction", action="store_true",
+                   help="only: evosax's PSO timed with its state built inside the call (the old harness) and carried")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -453,6 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.worker:
         worker(args.worker)
+        return 0
+    if args.construction:
+        os.environ.setdefault("NPROC", "1")
+        got = construction(repeats=args.repeats)
+        for name, s in got["ms_per_generation"].items():
+            print(f"{name:55s} {_fmt(s)} ms per generation")
+        print("max |x| of the swarm after generations " + ", ".join(f"{k}: {v:,.0f}" for k, v in got["max_abs_x_after"].items()))
         return 0
     t0 = time.perf_counter()
     sides = ["hpcevo"] + sorted({peer for peer, _ in args.pairs})
