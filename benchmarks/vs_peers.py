@@ -337,9 +337,13 @@ def construction(repeats: int = 7, gens: int = 100, pop: int = 1024, dim: int = 
     start = jax.jit(fresh)(key)
     inside, donated, kept = jax.jit(lambda k: run(fresh(k))), jax.jit(run, donate_argnums=0), jax.jit(run)
     box = {"d": jax.tree_util.tree_map(jnp.copy, start), "k": jax.tree_util.tree_map(jnp.copy, start)}
+    def carry(slot, fn):
+        box[slot] = fn(box[slot])
+        return box[slot]
+
     variants = {"state built inside the timed call (the old harness)": lambda: inside(key),
-                "carried from call to call, donated": lambda: box.__setitem__("d", donated(box["d"])),
-                "carried, not donated": lambda: box.__setitem__("k", kept(box["k"])),
+                "carried from call to call, donated": lambda: carry("d", donated),
+                "carried, not donated": lambda: carry("k", kept),
                 "carried, from the same fresh state every call": lambda: kept(start)}
     times: dict[str, list[float]] = {k: [] for k in variants}
     for fn in variants.values():
