@@ -143,7 +143,14 @@ class ShardedEvaluator:
         # shape (slots * mb rows from a data offset), so the rows past a rank's own count (an
         # uneven split) are real candidates or filler, evaluated and dropped by ``order``.
         # Not with a memory bound smaller than that (``batch_size``): then the loop, as before.
-        self.whole = block_invariant and (not batch_size or batch_size >= self.slots * self.mb)
+        # One rank only: with several, a rank's share is a slice of the batch (``dynamic_slice``
+        # outside the loop), and XLA fused the algorithm's ask into that slice, computing the
+        # candidates it evaluated at the share's shape: CSO, pop 30, dim 6, Ackley at 2 ranks
+        # gave one row's fitness another last bit (tests/test_api.py's save/load test). At one
+        # rank the share is the whole batch: no slice, and the digests equal the loop's at 1-4
+        # ranks (tests/test_parallel.py, tests/test_algorithms_digest.py).
+        self.whole = (block_invariant and ctx.size == 1
+                      and (not batch_size or batch_size >= self.slots * self.mb))
         self.rows = self.mb * max(s + self.slots for s, _ in
                                   (shard_of(n, self.mb, ctx.size, r) for r in range(ctx.size)))
 
