@@ -110,9 +110,10 @@ class Undeclared:
 
 @pytest.mark.parametrize("name,pop", [("cso", 37), ("pso", 1024), ("de", 100), ("cmaes", 24), ("openes", 50)])
 def test_one_call_per_rank_gives_the_bits_of_the_loop_of_microbatches(ctx, shared_tmp, name, pop):
-    """A block-invariant problem (hpcevo's own functions) is evaluated in one call per rank
-    (its slots of micro-batches together), the others one micro-batch at a time: the same bits,
-    at this rank count, uneven splits included (37 rows: 5 micro-batches of 8)."""
+    """A block-invariant problem (hpcevo's own functions) is evaluated in one call at one rank,
+    the others one micro-batch at a time: the same bits. (At several ranks both take the loop:
+    the one-call share was a slice XLA fused with the ask; tests/test_api.py's save/load test at
+    2 ranks caught it. The 1-vs-N tests above compare this run with the one-rank one.)"""
     from hpcevo.algorithms import ALGORITHMS
 
     problem = make_problem("rastrigin", 9)
