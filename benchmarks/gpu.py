@@ -307,38 +307,12 @@ def _speed_row(ctx, algo_name: str, pop: int, dim: int, gens: int, repeats: int,
 
 def _evosax(name: str, pop: int, dim: int, gens: int, problem):
     """evosax's documented loop: ``init`` once, then a jitted ``lax.scan`` of ask/evaluate/tell
-    called again and again on the carried state (its README and notebooks)."""
-    import jax
-    import jax.numpy as jnp
-    from evosax import algorithms as ev
+    called again and again on the carried state (its README and notebooks); the same side as
+    ``python -m benchmarks peers`` runs (``problem``: Ackley of ``dim``, as there)."""
+    from .vs_peers import _side_evosax
 
-    cls = {"pso": ev.PSO, "openes": ev.Open_ES}[name]
-    es = cls(population_size=pop, solution=jnp.zeros((dim,), jnp.float32))
-    params = es.default_params
-    key = jax.random.PRNGKey(2)
-    key, k_init, k_x = jax.random.split(key, 3)
-    lb, ub = jnp.asarray(problem.lb, jnp.float32), jnp.asarray(problem.ub, jnp.float32)  # per coordinate
-    if name == "pso":
-        x0 = jax.random.uniform(k_x, (pop, dim), jnp.float32, lb, ub)
-        state = es.init(k_init, x0, problem.evaluate(x0), params)
-    else:
-        state = es.init(k_init, jax.random.uniform(k_x, (dim,), jnp.float32, lb, ub), params)
-
-    def scan(carry):
-        def step(c, _):
-            key, state = c
-            key, k_ask, k_tell = jax.random.split(key, 3)
-            x, state = es.ask(k_ask, state, params)
-            state, _ = es.tell(k_tell, x, problem.evaluate(x), state, params)
-            return (key, state), None
-        return jax.lax.scan(step, carry, None, length=gens)[0]
-
-    run = jax.jit(scan, donate_argnums=0)
-    box = {"c": (key, state)}
-
-    def go():
-        box["c"] = jax.block_until_ready(run(box["c"]))
-    return go
+    del problem
+    return _side_evosax(name, pop, dim, gens)["evosax"]
 
 
 def w_allgather(repeats: int) -> None:
