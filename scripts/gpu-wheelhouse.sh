@@ -7,7 +7,9 @@
 #
 # Knobs: HPCEVO_NODE_PYTHON (the node's Python version, default 3.12), HPCEVO_WHEELHOUSE_MIB (the
 # size the folder must fit, default 64: what travels to the lent GPU machines), HPCEVO_PYTHON
-# (the interpreter whose pip downloads, default the repo's .venv, else python3).
+# (the interpreter whose pip downloads, default the repo's .venv, else python3),
+# HPCEVO_WHEELHOUSE_FROM (a folder of wheels and sources to gather from instead of the registry,
+# offline: the suite's gpu_kit tier gathers from the copy scripts/gpu-kit-cache.sh keeps).
 # Writes DIR/MANIFEST (name, size, sha256 of each file) and prints the total size.
 set -euo pipefail
 
@@ -40,12 +42,17 @@ for tag in manylinux1 manylinux2010 manylinux2014; do platforms+=(--platform "${
 for n in 5 12 17 24 26 27 28 31 34; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
 
 PIP=("$PY" -m pip --disable-pip-version-check -q)
+FROM=()
+if [ -n "${HPCEVO_WHEELHOUSE_FROM:-}" ]; then
+  [ -d "$HPCEVO_WHEELHOUSE_FROM" ] || die "HPCEVO_WHEELHOUSE_FROM='$HPCEVO_WHEELHOUSE_FROM' is not a folder"
+  FROM=(--no-index --find-links "$HPCEVO_WHEELHOUSE_FROM")
+fi
 say "binary wheels for CPython $PYVER, manylinux x86_64: ${binary[*]}"
-"${PIP[@]}" download --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+"${PIP[@]}" download "${FROM[@]}" --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
   "${platforms[@]}" -d "$DIR" "${binary[@]}"
 say "sources: ${source[*]}"
 # --no-build-isolation: reading an sdist's metadata must not reach for build tools it lists.
-"${PIP[@]}" download --no-deps --no-binary=:all: --no-build-isolation -d "$DIR" "${source[@]}"
+"${PIP[@]}" download "${FROM[@]}" --no-deps --no-binary=:all: --no-build-isolation -d "$DIR" "${source[@]}"
 
 # One version of each: a folder reused across pin changes would otherwise hold two, and the
 # node's install takes every file in it.

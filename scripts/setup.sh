@@ -91,6 +91,23 @@ fi
 # 3. The venv and the stack --------------------------------------------------------------------
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "$PY is $("$PY" -V 2>&1); hpcevo needs Python 3.11 or newer (set HPCEVO_PYTHON)"
+# Python's C headers: mpi4py, h5py and mpi4jax compile against them. Debian's python3 comes
+# without them (python3.X-dev), and MPICH's packages bring the compilers but not these, so a
+# fresh Debian machine has none (seen on Debian 13: scripts/debian13-check.sh).
+py_headers() {
+  "$PY" -c 'import os, sys, sysconfig
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+}
+if ! py_headers; then
+  PYV=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${HPCEVO_NO_APT:-}" ]; then
+    say "installing Python $PYV's headers (python$PYV-dev) with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "python$PYV-dev" >/dev/null || true  # the check below says what is missing
+  fi
+  py_headers || die "no Python.h for $PY (Python $PYV): install its headers (Debian, Ubuntu: python$PYV-dev)"
+fi
 [ -x "$VENV/bin/python" ] || { say "creating $VENV"; "$PY" -m venv "$VENV"; }
 rm -f "$STAMP"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
@@ -98,9 +115,18 @@ SRC_FLAGS=()
 [ -n "${HPCEVO_REBUILD:-}" ] && SRC_FLAGS=(--no-cache-dir --force-reinstall --no-deps)
 
 say "installing jax, numpy, build tools and the problems' libraries"
+# opfunu: hpcevo reads only its CEC 2022 data files, and tests/test_cec2022.py runs one of its
+# functions. Every release to date (1.0.4 the last) declares Requires-Python < 3.12, so pip finds
+# no opfunu at all on 3.12+ (Debian 13's 3.13), though its code runs there (numpy, no C). There
+# it goes in alone, past that declaration; on 3.11 it goes in with the rest, as it always did.
+OPFUNU=(opfunu)
+if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then OPFUNU=(); fi
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
   setuptools wheel cython pkgconfig nanobind pytest pytest-timeout mypy tensorboardX cma \
-  gymnax six flax opfunu minionpy pymoo moocore coco-experiment cocopp
+  gymnax six flax "${OPFUNU[@]}" minionpy pymoo moocore coco-experiment cocopp
+if [ ${#OPFUNU[@]} = 0 ]; then
+  "${PIP[@]}" install -c "$STACK" --ignore-requires-python opfunu
+fi
 
 say "building mpi4py against $MPICC_PATH"
 env CC="$MPICC" MPICC="$MPICC" "${PIP[@]}" install -c "$STACK" "${SRC_FLAGS[@]}" \

@@ -27,6 +27,8 @@ import pytest
 
 from hpcevo.parallel import bind, discover
 
+from profile_plugin import install as install_profile
+
 # Bind before any test touches JAX: one XLA thread per rank, as runs do by default.
 CTX = bind(discover(), device="cpu", threads=1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,11 @@ def pytest_configure(config):
         "markers", "single_process: pure computation that never touches MPI; runs in the one-rank pass only"
     )
     config.addinivalue_line("markers", "slow: a longer test, left out of the quick tier")
+    config.addinivalue_line(
+        "markers", "ranks(*counts): an MPI test whose subject does not depend on the rank count runs only at these "
+        "counts (HPCEVO_TEST_EVERY_RANK_COUNT=1 runs it at any)"
+    )
+    _PROFILE[:] = [install_profile(config, CTX.size, CTX.rank)]
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -48,11 +55,40 @@ def pytest_configure(config):
             config.option.verbose = -1
 
 
+_PROFILE: list = [None]
+_OUTCOMES: dict[str, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    profile = _PROFILE[0]
+    if profile is not None:
+        profile.start(item.nodeid)
+    yield
+    if profile is not None:
+        profile.finish(item.nodeid, _OUTCOMES.pop(item.nodeid, "passed"))
+
+
+def pytest_runtest_logreport(report):
+    if report.outcome != "passed" and _OUTCOMES.get(report.nodeid) != "failed":
+        _OUTCOMES[report.nodeid] = report.outcome
+
+
 def pytest_collection_modifyitems(config, items):
     for marker in ("slurm", "nodes", "gpu_kit"):
         if marker not in (config.option.markexpr or ""):
             # Starting a Slurm cluster is for the CTest test that asks for it (-m slurm, -m nodes).
             _deselect(config, items, marker)
+    if os.environ.get("HPCEVO_TEST_EVERY_RANK_COUNT", "") in ("", "0"):
+        # The rank matrix where it pays: tests of splits and collectives run at every count the
+        # suite runs (1-4); a test marked ranks(1, 2) checks logic that is the same at any count
+        # (every rank agreeing included) and would only repeat it, slower, at 3 and 4 ranks on
+        # the suite's oversubscribed cores.
+        dropped = [i for i in items if i.get_closest_marker("ranks") is not None
+                   and CTX.size not in i.get_closest_marker("ranks").args]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i not in dropped]
     if CTX.size > 1:
         # Launching mpiexec from inside an MPI rank is not portable; these run in the
         # launcher-free pass (CTest's pytest_launcher).

@@ -24,6 +24,10 @@ from hpcevo.algorithms import CSO, DE
 from hpcevo.errors import ConfigError, UsageError, UserCodeExit
 from hpcevo.problems import make_problem
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 
 def odd(ctx) -> bool:
     """This rank gets the odd input (the last rank; at one rank, rank 0)."""

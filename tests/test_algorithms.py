@@ -77,6 +77,7 @@ def test_bad_hyperparameters_refused():
     (PSO, "ackley", 10, 40, 400, 1e-1),
 ])
 @pytest.mark.slow
+@pytest.mark.ranks(1, 2)
 def test_converges_under_the_distributed_workflow(ctx, cls, prob, dim, pop, gens, target):
     problem = make_problem(prob, dim)
     algo = cls(pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub)

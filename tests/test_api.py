@@ -20,6 +20,11 @@ from hpcevo.algorithms import ALGORITHMS, CSO, DE, PSO
 from hpcevo.parallel import context_for
 from hpcevo.problems import CEC2022_NAMES, MO_PROBLEMS, PROBLEMS, create, make_problem
 
+# The rank matrix: these MPI tests compare two paths at one rank count, or a run with its
+# one-rank twin; 2 ranks (an even split) and 3 (an uneven one) cover them, 4 repeats 2.
+# The split itself is tested at 4 too (test_parallel, test_algorithms_digest, ...).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("api_*.py"))
 
@@ -116,6 +121,7 @@ def test_run_with_a_function_held_in_python(ctx, shared_tmp):
     assert more.digest == whole.digest
 
 
+@pytest.mark.ranks(1, 2)
 def test_a_held_algorithm_object_equals_the_configured_algorithm(ctx, shared_tmp):
     problem = make_problem("rastrigin", 5)
     by_config = hpcevo.run(hpcevo.load_config(config(shared_tmp / "c", algorithm={"name": "de", "pop_size": 11, "F": 0.7},
@@ -207,6 +213,7 @@ def test_parallel_init_describes_this_rank_and_prints_once(ctx, capsys):
 # -- the examples as written, on this job's ranks ------------------------------------------------
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 @pytest.mark.slow
+@pytest.mark.ranks(1, 2)
 def test_api_examples_run_as_written_on_this_jobs_ranks(ctx, shared_tmp, script, capsys, monkeypatch):
     assert len(EXAMPLES) >= 3
     monkeypatch.setattr(sys, "argv", [str(script), "--generations", "30", "--out", str(shared_tmp / script.stem)])

@@ -23,6 +23,10 @@ from hpcevo.problems.user import held_names_match
 from configs import small_config
 from test_launcher import clean_env
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 
 def sphere(x):
     return jnp.sum((x - 0.5) ** 2)
@@ -151,6 +155,7 @@ def held_config(out: Path, **sections) -> dict:
     return cfg
 
 
+@pytest.mark.ranks(1, 2)
 def test_problem_name_is_what_the_run_records_and_a_resume_matches(ctx, shared_tmp):
     cfg = held_config(shared_tmp / "n")
     first = hpcevo.run(cfg, problem=sphere, problem_name="srr", ctx=ctx, quiet=True)

@@ -30,6 +30,10 @@ import hpcevo
 from hpcevo import errors
 from hpcevo.algorithms import CSO, DE, PSO
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 CASES = 150
 LIMIT = 120.0
 

@@ -19,6 +19,11 @@ import hpcevo
 from hpcevo.parallel import context_for
 from hpcevo.problems.bbob import make_bbob
 
+# The rank matrix: these MPI tests compare two paths at one rank count, or a run with its
+# one-rank twin; 2 ranks (an even split) and 3 (an uneven one) cover them, 4 repeats 2.
+# The split itself is tested at 4 too (test_parallel, test_algorithms_digest, ...).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 FUNCTION, INSTANCE, DIM = 21, 3, 5  # Gallagher's 101 peaks: rotations, peaks; x is logged below 7-D
 
 
@@ -99,6 +104,7 @@ def _cocopp_datasets(folder: Path):
         return cocopp.pproc.DataSetList(str(folder))
 
 
+@pytest.mark.ranks(1, 2)
 def test_cocopp_reads_a_run_with_the_runs_own_numbers(ctx, shared_tmp):
     cfg = config(shared_tmp / "run", generations=60, run={"target_precision": 1e-6})
     summary = hpcevo.run(cfg, quiet=True, ctx=ctx).summary
@@ -124,6 +130,7 @@ def test_cocopp_reads_a_run_with_the_runs_own_numbers(ctx, shared_tmp):
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(1, 2)
 def test_a_resumed_run_continues_its_coco_files(ctx, shared_tmp):
     whole = hpcevo.run(config(shared_tmp / "whole", generations=50), quiet=True, ctx=ctx).summary
     cfg = config(shared_tmp / "part", generations=23)

@@ -267,7 +267,8 @@ OUTCOME = ("state_digest", "generations", "evaluations", "stopped_by", "best_fit
 def test_budget_and_target_stop_at_the_same_generation_at_any_rank_count(ctx, references, request, shared_tmp):
     def make(c, where):
         out = {}
-        for key, run in [("budget", {"evaluations": 700}), ("target", {"target": 0.5, "evaluations": 20000}),
+        # (target 1.0: about 500 generations; each costs a collective, slow at 3-4 ranks on 2 cores)
+        for key, run in [("budget", {"evaluations": 700}), ("target", {"target": 1.0, "evaluations": 20000}),
                          ("stagnation", {"stagnation_generations": 15, "stagnation_tolerance": 1e-2,
                                          "evaluations": 20000})]:
             s = hpcevo.run(config(shared_tmp / where / key, **run), quiet=True, ctx=c).summary
@@ -277,7 +278,7 @@ def test_budget_and_target_stop_at_the_same_generation_at_any_rank_count(ctx, re
     here, alone = _here_and_alone(ctx, references, request, make)
     assert here == alone
     assert here["budget"]["evaluations"] >= 700 and here["budget"]["stopped_by"].startswith("run.evaluations")
-    assert here["target"]["best_fitness"] <= 0.5 and here["target"]["stopped_by"].startswith("run.target")
+    assert here["target"]["best_fitness"] <= 1.0 and here["target"]["stopped_by"].startswith("run.target")
     assert here["stagnation"]["stopped_by"].startswith("run.stagnation_generations")
     if ctx.is_root:
         lines = [json.loads(x) for x in (shared_tmp / "here" / "budget" / "metrics.jsonl").read_text().splitlines()]
@@ -286,6 +287,7 @@ def test_budget_and_target_stop_at_the_same_generation_at_any_rank_count(ctx, re
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(1, 2)
 def test_bipop_resumes_mid_restart_equal_to_a_run_never_stopped(ctx, shared_tmp):
     whole = hpcevo.run(config(shared_tmp / "whole", generations=160), quiet=True, ctx=ctx).summary
     cfg = config(shared_tmp / "part", generations=70)

@@ -308,6 +308,7 @@ def test_resume_conflicts_allow_what_keeps_the_state_meaningful(tmp_path):
     ]
 
 
+@pytest.mark.ranks(1, 2)
 def test_the_default_every_keeps_checkpoints_to_a_small_share_of_the_run(ctx, shared_tmp, monkeypatch):
     """checkpoint.every left at its default (1,000) writes the first one on schedule, then none
     sooner than 20x the last one's writing time after it; the final one is written. Set

@@ -13,6 +13,10 @@ from hpcevo.config import config_from_dict, parse_override
 from hpcevo.driver import build
 from hpcevo.errors import ConfigError
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cso.toml"
 
 

@@ -84,6 +84,7 @@ def test_probe_tells_exact_from_block_dependent():
     assert not chunking_is_exact(block_dependent, x, 5)
 
 
+@pytest.mark.ranks(1, 2)
 def test_run_with_a_block_dependent_problem_warns_and_says_so(ctx, shared_tmp, capsys):
     cfg = hpcevo.load_config({
         "run": {"name": "t", "generations": 2, "out": str(shared_tmp / "run")},

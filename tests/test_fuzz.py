@@ -22,6 +22,10 @@ import pytest
 
 from hpcevo.cli import _main
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 BASE = {
     "run": {"name": '"fz"', "seed": "1", "generations": "2"},
     "algorithm": {"name": '"cso"', "pop_size": "8"},

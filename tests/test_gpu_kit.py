@@ -4,14 +4,14 @@ the one command that runs every GPU check (its CPU smoke mode).
 The offline install is tried as it happens on a GPU node: an "image" interpreter that holds JAX,
 numpy, a serial h5py and the build tools but no MPI and no mpi4jax (like the lent H200's image),
 and scripts/gpu-node-setup.sh run in a network namespace with no network at all, from a
-wheelhouse scripts/gpu-wheelhouse.sh gathered for this Python. Gathering needs the package
-registry (as scripts/setup.sh does); the image is cached across runs under
-~/.cache/hpcevo (keyed by what it is built from).
+wheelhouse scripts/gpu-wheelhouse.sh gathered for this Python. Nothing here needs the package
+registry: what comes from it (the wheels of requirements/gpu-node.txt for Python 3.12 and for
+this one, the image) is fetched once by scripts/gpu-kit-cache.sh, which scripts/test.sh runs
+with the set-up, and the tests gather their wheelhouses from that copy, offline.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -23,8 +23,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu_kit
 
-# What the lent GPU machines' image holds of hpcevo's needs (and a serial h5py: its pip wheel).
-IMAGE_PACKAGES = ["jax", "jaxlib", "numpy", "h5py", "matplotlib", "tqdm", "filelock", "nanobind", "setuptools"]
 LIMIT_MIB = 64
 
 
@@ -54,18 +52,17 @@ def offline(cmd: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    """A venv standing for a GPU node's image (cached: building it fetches about 150 MB)."""
-    stack = (ROOT / "requirements" / "stack.txt").read_bytes()
-    key = hashlib.sha256(stack + " ".join(IMAGE_PACKAGES).encode() + sys.version.encode()).hexdigest()[:16]
-    where = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hpcevo" / f"gpu-kit-image-{key}"
-    py = where / "bin" / "python"
-    if not (where / "ready").exists():
-        sh([_base_python(), "-m", "venv", "--clear", str(where)])
-        sh([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
-            str(ROOT / "requirements" / "stack.txt"), *IMAGE_PACKAGES])
-        (where / "ready").write_text("")
-    return py
+def kit() -> dict[str, Path]:
+    """What scripts/gpu-kit-cache.sh keeps: {"node": wheelhouse for Python 3.12, "here": for this
+    Python, "image": the image's interpreter}. Up to date after scripts/test.sh's set-up (then
+    offline); fetched here when it is not (someone running this file alone)."""
+    out = sh(["scripts/gpu-kit-cache.sh"], env={"HPCEVO_VENV": str(Path(sys.prefix))}).stdout
+    return {k: Path(v) for k, v in (line.split("=", 1) for line in out.splitlines() if "=" in line)}
+
+
+@pytest.fixture(scope="module")
+def image(kit):
+    return kit["image"]
 
 
 def _base_python() -> str:
@@ -73,11 +70,18 @@ def _base_python() -> str:
     return str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
 
 
+def gather(into: Path, source: Path, python_version: str, **env) -> subprocess.CompletedProcess:
+    """scripts/gpu-wheelhouse.sh as a developer runs it, but from the cached copy, offline."""
+    cmd = f"scripts/gpu-wheelhouse.sh {into}"
+    return sh(offline(cmd), env={"HPCEVO_NODE_PYTHON": python_version, "HPCEVO_PYTHON": sys.executable,
+                                 "HPCEVO_WHEELHOUSE_FROM": str(source), **env}, check=False)
+
+
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
+def wheelhouse(tmp_path_factory, kit):
     out = tmp_path_factory.mktemp("wheelhouse")
-    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    sh(["scripts/gpu-wheelhouse.sh", str(out)], env={"HPCEVO_NODE_PYTHON": ver, "HPCEVO_PYTHON": sys.executable})
+    r = gather(out, kit["here"], f"{sys.version_info[0]}.{sys.version_info[1]}")
+    assert r.returncode == 0, r.stderr
     return out
 
 
@@ -90,9 +94,11 @@ def pins() -> list[str]:
     return [x.split("#")[0].strip() for x in lines if x.split("#")[0].strip()]
 
 
-def test_the_gpu_nodes_wheelhouse_holds_every_pin_and_fits_the_transfer(tmp_path):
-    """The folder for the GPU node's Python 3.12: one file per pin, within what can be carried."""
-    sh(["scripts/gpu-wheelhouse.sh", str(tmp_path)], env={"HPCEVO_PYTHON": sys.executable})
+def test_the_gpu_nodes_wheelhouse_holds_every_pin_and_fits_the_transfer(tmp_path, kit):
+    """The folder for the GPU node's Python 3.12: one file per pin, within what can be carried.
+    (Gathered from the cached copy, offline; the registry's own gather made that copy.)"""
+    r = gather(tmp_path, kit["node"], "3.12")
+    assert r.returncode == 0, r.stderr
     files = manifest(tmp_path)
     assert len(files) == len(pins())
     assert all("cp312" in f or "py3-none" in f or "-py2.py3-" in f or f.endswith(".tar.gz") for f, _ in files), files
@@ -100,9 +106,15 @@ def test_the_gpu_nodes_wheelhouse_holds_every_pin_and_fits_the_transfer(tmp_path
     assert total <= LIMIT_MIB * 2**20
     print(f"wheelhouse for CPython 3.12: {len(files)} files, {total / 2**20:.1f} MiB")
     # a folder over the limit is refused, with the size named
-    r = sh(["scripts/gpu-wheelhouse.sh", str(tmp_path)], env={"HPCEVO_PYTHON": sys.executable,
-                                                             "HPCEVO_WHEELHOUSE_MIB": "1"}, check=False)
+    r = gather(tmp_path, kit["node"], "3.12", HPCEVO_WHEELHOUSE_MIB="1")
     assert r.returncode != 0 and "over the 1 MiB" in r.stderr
+    # a pin the source lacks is an error naming it, not a smaller folder
+    (tmp_path / "partial").mkdir()
+    for f in kit["node"].iterdir():
+        if not f.name.startswith("tomli_w"):
+            os.symlink(f, tmp_path / "partial" / f.name)
+    r = gather(tmp_path / "out", tmp_path / "partial", "3.12")
+    assert r.returncode != 0 and "tomli-w" in r.stderr.lower().replace("_", "-"), r.stderr
 
 
 def test_offline_install_beside_the_images_jax_then_a_run_and_its_resume(image, wheelhouse, tmp_path):

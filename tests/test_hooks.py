@@ -17,6 +17,10 @@ from hpcevo.hooks import Budget, Hooks, Stagnation, Target, TensorBoard, WandB, 
 
 from configs import small_config
 
+# The rank matrix: what these MPI tests check (an error or an input on some ranks reaching
+# every rank) needs a last rank and a middle one: 2 and 3 ranks have them, 4 repeats them.
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 
 def config(tmp, name, **sections):
     return small_config(tmp / name, run={"generations": 8}, **sections)
@@ -41,6 +45,7 @@ def test_hooks_run_on_rank_0_or_every_rank_with_each_boundary_record(ctx, shared
     assert result.summary["stopped_by"] is None and result.summary["status"] == "complete"
 
 
+@pytest.mark.ranks(1, 2)
 def test_a_stop_criterion_ends_the_run_complete_and_names_itself(ctx, shared_tmp):
     result = hpcevo.run(config(shared_tmp, "target"), quiet=True, stop_when=Target(1e9))
     s = hpcevo.open_run(result.run_dir).summary  # written before run returned, on every rank
@@ -68,6 +73,7 @@ def test_an_error_in_a_hook_on_one_rank_is_every_ranks(ctx, shared_tmp):
         hpcevo.run(config(shared_tmp, "broken"), quiet=True, hooks=every_rank(fails_on_the_last_rank))
 
 
+@pytest.mark.ranks(1, 2)
 def test_a_hook_that_changes_hyper_parameters_resumes_bitwise(ctx, shared_tmp):
     @every_rank
     def anneal(record, loop):  # a schedule: collective, so on every rank

@@ -22,6 +22,11 @@ from hpcevo.indicators import hypervolume, igd
 from hpcevo.parallel import context_for
 from hpcevo.problems import MO_PROBLEMS, make_problem
 
+# The rank matrix: these MPI tests compare two paths at one rank count, or a run with its
+# one-rank twin; 2 ranks (an even split) and 3 (an uneven one) cover them, 4 repeats 2.
+# The split itself is tested at 4 too (test_parallel, test_algorithms_digest, ...).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 single = pytest.mark.single_process
 
 

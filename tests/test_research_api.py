@@ -19,6 +19,11 @@ from hpcevo.problems import make_problem
 
 from configs import small_config
 
+# The rank matrix: these MPI tests compare two paths at one rank count, or a run with its
+# one-rank twin; 2 ranks (an even split) and 3 (an uneven one) cover them, 4 repeats 2.
+# The split itself is tested at 4 too (test_parallel, test_algorithms_digest, ...).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 RASTRIGIN = make_problem("rastrigin", 6)
 
 

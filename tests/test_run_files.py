@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 config = small_config
+# What a run writes or deletes does not depend on the rank count (rank 0 decides, every rank
+# agrees): 1 and 2 ranks cover it.
+pytestmark = pytest.mark.ranks(1, 2)
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -186,3 +189,57 @@ def test_compile_cache_only_in_a_directory_the_user_alone_can_write(tmp_path):
     assert r.returncode == 2 and r.stderr.count("hpcevo: error:") == 1 and "Traceback" not in r.stderr
     assert "'parallel.compile_cache'" in r.stderr and "writable by other users" in r.stderr
     assert not (tmp_path / "runs" / "d").exists()
+
+
+@pytest.mark.single_process
+def test_the_compile_cache_is_pruned_least_recently_used_first_at_most_once_an_hour(tmp_path):
+    """hpcevo bounds the caches it uses itself (JAX's own cap rescans the whole cache on every
+    write): entries beyond the cap go, the least recently used first (access or modification
+    time, whichever is later), with the -atime files JAX's LRU leaves; a second call within the
+    hour is only a stat; a process that finds another pruning skips; other files stay."""
+    import fcntl
+    import time
+
+    from hpcevo.driver.build import prune_compile_cache
+
+    now = time.time()
+    for i in range(6):  # jit_0 is the least recently used, jit_5 the most
+        entry = tmp_path / f"jit_{i}-cache"
+        entry.write_bytes(b"x" * 1000)
+        (tmp_path / f"jit_{i}-atime").write_bytes(b"t")
+        os.utime(entry, (now - 600 + 60 * i, now - 6000))
+    (tmp_path / "notes.txt").write_text("not an entry")
+    assert prune_compile_cache(tmp_path, max_bytes=3500) == 3000
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".hpcevo-pruned", "jit_3-atime", "jit_3-cache", "jit_4-atime", "jit_4-cache", "jit_5-atime",
+                    "jit_5-cache", "notes.txt"]
+    assert prune_compile_cache(tmp_path, max_bytes=0) == 0  # within the hour: nothing listed
+    os.utime(tmp_path / ".hpcevo-pruned", (now - 7200, now - 7200))
+    with open(tmp_path / ".hpcevo-pruned") as held:  # another process is pruning
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert prune_compile_cache(tmp_path, max_bytes=0) == 0
+    assert prune_compile_cache(tmp_path, max_bytes=1000) == 2000
+    assert sorted(p.name for p in tmp_path.glob("*-cache")) == ["jit_5-cache"]
+    assert prune_compile_cache(tmp_path / "nowhere", max_bytes=0) == 0  # never fails a run
+
+
+@pytest.mark.single_process
+def test_a_run_leaves_jaxs_per_write_cache_scan_off_and_prunes_unless_the_environment_caps_it(tmp_path,
+                                                                                             monkeypatch):
+    import jax
+
+    from hpcevo.driver import build
+
+    cfg = hpcevo.load_config(write_config(tmp_path, tmp_path / "runs" / "a"))
+    pruned: list[Path] = []
+    monkeypatch.setattr(build, "prune_compile_cache", lambda path: pruned.append(path))
+    before, cache_dir = jax.config.jax_compilation_cache_max_size, jax.config.jax_compilation_cache_dir
+    try:
+        path, _ = build.enable_compile_cache(cfg)
+        assert jax.config.jax_compilation_cache_max_size == before  # hpcevo never turns JAX's cap on
+        assert pruned == ([Path(path)] if before < 0 else [])
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_MAX_SIZE", "1000000")  # the user's choice: JAX's LRU alone
+        build.enable_compile_cache(cfg)
+        assert len(pruned) == (1 if before < 0 else 0)
+    finally:  # (the suite's own cache, where the environment names one, is left as it was)
+        jax.config.update("jax_compilation_cache_dir", cache_dir)

@@ -17,7 +17,7 @@ import pytest
 
 import hpcevo
 
-pytestmark = pytest.mark.single_process
+pytestmark = [pytest.mark.single_process, pytest.mark.slow]  # mypy takes 8 s: not the inner loop's
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,6 +20,11 @@ from hpcevo.errors import ConfigError
 from hpcevo.parallel import context_for
 from hpcevo.problems import create
 
+# The rank matrix: these MPI tests compare two paths at one rank count, or a run with its
+# one-rank twin; 2 ranks (an even split) and 3 (an uneven one) cover them, 4 repeats 2.
+# The split itself is tested at 4 too (test_parallel, test_algorithms_digest, ...).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 PROBLEM_FILE = textwrap.dedent(
     """
     import jax.numpy as jnp

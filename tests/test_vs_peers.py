@@ -23,6 +23,7 @@ def peers(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # a benchmark's smoke run (11 s): not the inner loop's
 def test_quick_run_times_every_side_and_writes_what_it_prints(tmp_path):
     out = tmp_path / "peers.json"
     r = peers("--quick", "--only", "pycma:cmaes", "--out", str(out))

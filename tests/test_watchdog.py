@@ -189,17 +189,17 @@ def test_a_rank_that_stops_answering_ends_the_job_in_seconds_with_exit_76_naming
 
 @pytest.mark.launcher
 def test_generations_slowing_down_10x_gradually_are_not_ended_but_a_sudden_20x_jump_is(tmp_path):
-    """Each rank's evaluation grows from 0.1 s to 1 s over 40 generations (one call a generation
-    on each rank), with a floor of 0.5 s that a fixed limit would have crossed. Its twin jumps
-    from 0.1 s to 2 s at generation 20 (a dispatch, with its overheads, takes a little more than
-    its evaluation) and is ended there."""
+    """Each rank's evaluation grows from 0.05 s to 0.5 s over 40 generations (one call a
+    generation on each rank), with a floor of 0.25 s that a fixed limit would have crossed. Its
+    twin jumps from 0.05 s to 1 s at generation 20 (a dispatch, with its overheads, takes a
+    little more than its evaluation) and is ended there."""
     (tmp_path / "slow").mkdir()
-    slow = launch(tmp_path / "slow", 2, generations=45, env={"WD_SLOW": "grow:0.1:10:40"}, min_seconds=0.5)
+    slow = launch(tmp_path / "slow", 2, generations=45, env={"WD_SLOW": "grow:0.05:10:40"}, min_seconds=0.25)
     assert slow.returncode == 0, slow.stderr[-3000:]
     summary = json.loads((tmp_path / "slow" / "run" / "summary.json").read_text())
     assert summary["generations"] == 45 and summary["status"] == "complete"
     (tmp_path / "jump").mkdir()
-    jump = launch(tmp_path / "jump", 2, generations=45, env={"WD_SLOW": "jump:0.1:2.0:20"}, min_seconds=0.5)
+    jump = launch(tmp_path / "jump", 2, generations=45, env={"WD_SLOW": "jump:0.05:1.0:20"}, min_seconds=0.25)
     assert jump.returncode == 76, jump.stderr[-3000:]
     assert "fault.slowdown = 10 x the slowest recent dispatch" in jump.stderr
     assert "Every rank still answers" in jump.stderr
@@ -207,11 +207,11 @@ def test_generations_slowing_down_10x_gradually_are_not_ended_but_a_sudden_20x_j
 
 @pytest.mark.launcher
 def test_a_long_first_compilation_is_not_ended_unless_past_compile_seconds(tmp_path):
-    """Rank 1 takes 6 s to trace the problem while the others wait for it in generation 1: far past
-    fault.min_seconds (2 s), inside fault.compile_seconds. Its twin sets compile_seconds = 4."""
-    for name, extra, code in (("ok", "", 0), ("short", "compile_seconds = 4", 76)):
+    """Rank 1 takes 5 s to trace the problem while the others wait for it in generation 1: far past
+    fault.min_seconds (2 s), inside fault.compile_seconds. Its twin sets compile_seconds = 3."""
+    for name, extra, code in (("ok", "", 0), ("short", "compile_seconds = 3", 76)):
         (tmp_path / name).mkdir()
-        r = launch(tmp_path / name, 2, generations=30, problem="slow_to_trace", env={"WD_TRACE": "6"},
+        r = launch(tmp_path / name, 2, generations=30, problem="slow_to_trace", env={"WD_TRACE": "5"},
                    fault_lines=extra)
         assert r.returncode == code, (name, r.stderr[-3000:])
     assert "compiling and the first generation has taken" in r.stderr and "(fault.compile_seconds)" in r.stderr
@@ -219,12 +219,12 @@ def test_a_long_first_compilation_is_not_ended_unless_past_compile_seconds(tmp_p
 
 @pytest.mark.launcher
 def test_a_slow_checkpoint_write_is_not_ended_unless_past_checkpoint_seconds(tmp_path):
-    """Rank 1 takes 6 s longer for each checkpoint (every 10 generations) while rank 0 waits for it
+    """Rank 1 takes 4 s longer for each checkpoint (every 10 generations) while rank 0 waits for it
     inside the collective write: far past fault.min_seconds (2 s). Its twin sets
-    checkpoint_seconds = 4."""
-    for name, extra, code in (("ok", "", 0), ("short", "checkpoint_seconds = 4", 76)):
+    checkpoint_seconds = 3."""
+    for name, extra, code in (("ok", "", 0), ("short", "checkpoint_seconds = 3", 76)):
         (tmp_path / name).mkdir()
-        r = launch(tmp_path / name, 2, generations=30, env={"WD_CHECKPOINT": "6"}, fault_lines=extra,
+        r = launch(tmp_path / name, 2, generations=20, env={"WD_CHECKPOINT": "4"}, fault_lines=extra,
                    checkpoint_every=10)
         assert r.returncode == code, (name, r.stderr[-3000:])
     assert "the checkpoint at generation 10 has taken" in r.stderr and "(fault.checkpoint_seconds)" in r.stderr

@@ -46,12 +46,21 @@ def slowing(x):
     return np.sum(np.asarray(x, dtype=np.float64) ** 2, axis=-1)
 
 
+_traced = {"slow": False}
+
+
 def slow_to_trace(x):
     """A JAX sphere that takes WD_TRACE seconds to trace on rank 1: a long compilation there
-    while the other ranks wait for it in the first generation."""
+    while the other ranks wait for it in the first generation. Once: the first trace after the
+    problem was loaded (a run traces it about ten times; loading, before the run's clock for
+    compilation starts, traces it to find its shape)."""
+    import traceback
+
     import jax.numpy as jnp
 
-    if RANK == 1:
+    loading = any(f.name == "load_user_problem" for f in traceback.extract_stack())
+    if RANK == 1 and not loading and not _traced["slow"]:
+        _traced["slow"] = True
         time.sleep(float(os.environ.get("WD_TRACE", "0")))
     return jnp.sum(x * x)
 

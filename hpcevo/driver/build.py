@@ -357,9 +357,17 @@ def jax_mode(cfg: RunConfig):
     return jax.enable_x64(cfg.run.dtype == "float64")
 
 
-# Eviction keeps the cache bounded and makes JAX lock it (filelock), so ranks and concurrent jobs
-# (a seed sweep compiles the same programs) never read an entry another process is writing.
+# The caches hpcevo chooses are kept under this size, their least recently used entries deleted
+# first, at most once an hour per cache (prune_compile_cache). JAX's own cap
+# (jax_compilation_cache_max_size) is left off: it lists and reads every entry of the cache on
+# each write, under a lock that every read waits for, so its cost grows with the cache (0.25 s a
+# write at 3,000 entries on a 2-core machine; the test suite's cache made the suite's writes
+# quadratic). Without it JAX neither locks nor scans; two processes writing one entry write the
+# same bytes, and a read that meets a half-written entry is reported by JAX as a warning and
+# compiled again. JAX_COMPILATION_CACHE_MAX_SIZE in the environment (or a cap set in Python
+# before the run) is the user's choice: JAX's LRU then runs as asked and hpcevo prunes nothing.
 COMPILE_CACHE_MAX_BYTES = 4 << 30
+COMPILE_CACHE_PRUNE_SECONDS = 3600
 
 
 def enable_compile_cache(cfg: RunConfig) -> tuple[str | None, str]:
@@ -396,9 +404,62 @@ def enable_compile_cache(cfg: RunConfig) -> tuple[str | None, str]:
         # Most of our programs compile in well under a second each, and together they are most
         # of a launch: JAX's default (skip those under 1 s) would cache almost none of them.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if jax.config.jax_compilation_cache_max_size < 0:
-        jax.config.update("jax_compilation_cache_max_size", COMPILE_CACHE_MAX_BYTES)
+    if jax.config.jax_compilation_cache_max_size < 0 and "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        prune_compile_cache(Path(path))
     return str(path), note
+
+
+def prune_compile_cache(path: Path, max_bytes: int = COMPILE_CACHE_MAX_BYTES,
+                        every_seconds: float = COMPILE_CACHE_PRUNE_SECONDS) -> int:
+    """Delete the least recently used entries of the compilation cache at ``path`` until it
+    holds at most ``max_bytes``; the bytes freed. Done at most once per ``every_seconds`` per
+    cache (the stamp file ``.hpcevo-pruned``, whose lock also keeps the ranks of a job and
+    concurrent jobs from pruning at once: the others skip), so a launch pays a ``stat`` and, once
+    an hour, one listing of the directory. "Used" is the entry's access or modification time,
+    whichever is later (a ``relatime`` mount updates the access time once a day). Never fails a
+    run: a cache that cannot be pruned is left as it is."""
+    import fcntl
+    import time
+
+    stamp = path / ".hpcevo-pruned"
+    try:
+        if time.time() - stamp.stat().st_mtime < every_seconds:
+            return 0
+    except OSError:
+        pass
+    try:
+        fd = os.open(stamp, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return 0
+    freed = 0
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # another process is pruning it now
+        os.utime(fd)
+        entries = []
+        with os.scandir(path) as it:
+            for e in it:
+                if e.name.endswith("-cache") and e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((max(st.st_atime, st.st_mtime), e.path, st.st_size))
+        total = sum(size for _, _, size in entries)
+        for _, name, size in sorted(entries):
+            if total <= max_bytes:
+                break
+            for victim in (name, name[: -len("-cache")] + "-atime"):  # (JAX's LRU leaves -atime files)
+                try:
+                    os.unlink(victim)
+                except FileNotFoundError:
+                    pass
+            total -= size
+            freed += size
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return freed
 
 
 def user_cache_dir() -> Path:
