@@ -34,6 +34,12 @@ CTX = bind(discover(), device="cpu", threads=1)
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run every N-th selected test from the I-th on (0 <= I < N): CTest splits the one-process "
+                          "tiers into shards that share the cores beside the other tiers")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts its own mpiexec jobs; run without a launcher")
     config.addinivalue_line("markers", "slurm: starts a private Slurm cluster; runs only when -m names it")
@@ -48,6 +54,7 @@ def pytest_configure(config):
         "counts (HPCEVO_TEST_EVERY_RANK_COUNT=1 runs it at any)"
     )
     _PROFILE[:] = [install_profile(config, CTX.size, CTX.rank)]
+    config.pluginmanager.register(_Shard(), "hpcevo-shard")
     if CTX.size > 1:
         # Ranks must not share pytest's numbered temp directories.
         config.option.basetemp = Path(tempfile.gettempdir()) / f"hpcevo-pytest-{os.getpid()}"
@@ -95,6 +102,26 @@ def pytest_collection_modifyitems(config, items):
         _deselect(config, items, "launcher")
         # single_process tests would only repeat the same work on every rank.
         _deselect(config, items, "single_process")
+
+
+class _Shard:
+    """--shard I/N: every N-th test from the I-th on, of those every other selection (-m, the
+    rank matrix) kept: hence a hook that runs last."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        shard = config.getoption("shard")
+        if not shard:
+            return
+        # Round robin, not by file: a file's slow tests (CLI subprocesses, mostly) spread over the
+        # shards. Collection order is the same in every shard, so the shards partition the tests.
+        i, n = (int(x) for x in shard.split("/"))
+        if not 0 <= i < n:
+            raise pytest.UsageError(f"--shard {shard}: needs 0 <= I < N")
+        dropped = items[:i] + [t for k, t in enumerate(items[i:]) if k % n]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = items[i::n]
 
 
 def _deselect(config, items, marker: str) -> None:

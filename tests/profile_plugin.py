@@ -123,4 +123,5 @@ def install(config, size: int, rank: int) -> Profile | None:
     directory = os.environ.get("HPCEVO_TEST_PROFILE")
     if not directory or rank != 0:
         return None
-    return Profile(directory, size, config.option.markexpr or "")
+    shard = config.getoption("shard", None)
+    return Profile(directory, size, (config.option.markexpr or "") + (f" shard {shard}" if shard else ""))

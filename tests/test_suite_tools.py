@@ -1,0 +1,71 @@
+"""The suite's own tools: the shards CTest splits the one-process tiers into (conftest.py's
+--shard) must partition the tests, or a test would silently run twice or never; the profile table
+(scripts/suite-profile.py) must add up what the per-test records say, per file and tier."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def collected(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "single_process",
+           "tests/test_plotting.py", "tests/test_model.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def ids(r: subprocess.CompletedProcess) -> list[str]:
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return [ln for ln in r.stdout.splitlines() if ln.startswith("tests/")]
+
+
+@pytest.mark.single_process
+@pytest.mark.slow
+def test_shards_partition_the_selected_tests_and_balance_them():
+    whole = ids(collected())
+    assert len(whole) >= 7
+    shards = [ids(collected("--shard", f"{i}/3")) for i in range(3)]
+    assert sorted(sum(shards, [])) == sorted(whole)  # every test once: none twice, none lost
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    # round robin over the collection order: one file's tests spread over the shards
+    assert shards[0] == whole[0::3] and shards[2] == whole[2::3]
+    bad = collected("--shard", "3/3")
+    assert bad.returncode != 0 and "0 <= I < N" in bad.stderr
+
+
+@pytest.mark.single_process
+def test_the_profile_table_adds_up_the_records_per_file_and_tier(tmp_path):
+    prof = tmp_path / "profile"
+    prof.mkdir()
+
+    def rec(test, ranks, wall, compile_=0.0, sleep=0.0):
+        return json.dumps({"test": test, "file": test.split("::")[0], "ranks": ranks, "outcome": "passed",
+                           "wall": wall, "cpu": wall / 2, "compile": compile_, "cache_load": 0.0, "sleep": sleep,
+                           "idle": 0.0, "busy": 0.5})
+
+    # two shards of the pure tier, a 3-rank pass and the launcher tier, as the plugin names them
+    (prof / "np1-single-process-and-not-slow-and-not-launcher-shard-0-2.jsonl").write_text(
+        rec("tests/test_a.py::t1", 1, 2.0, 1.0) + "\n" + rec("tests/test_b.py::t1", 1, 4.0) + "\n")
+    (prof / "np1-single-process-and-not-slow-and-not-launcher-shard-1-2.jsonl").write_text(
+        rec("tests/test_a.py::t2", 1, 3.0, 0.5) + "\n")
+    (prof / "np3-not-single-process-and-not-launcher.jsonl").write_text(rec("tests/test_a.py::t3", 3, 10.0, 4.0, 2.0) + "\n")
+    (prof / "np1-launcher.jsonl").write_text(rec("tests/test_c.py::t1", 1, 7.0, sleep=6.0) + "\n")
+    out = tmp_path / "table.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite-profile.py"), str(prof), "--json", str(out),
+                        "--tests", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    table = json.loads(out.read_text())
+    assert table["tests/test_a.py"]["pure"]["wall"] == 5.0 and table["tests/test_a.py"]["pure"]["tests"] == 2
+    assert table["tests/test_a.py"]["pure"]["compile"] == 1.5
+    assert table["tests/test_a.py"]["np3"]["wall"] == 10.0 and table["tests/test_a.py"]["np3"]["sleep"] == 2.0
+    assert set(table["tests/test_c.py"]) == {"launcher"}
+    assert table["tests/test_c.py"]["launcher"]["sleep"] == 6.0
+    # the slowest tests listed, slowest first
+    listed = [ln for ln in r.stdout.splitlines() if "::" in ln]
+    assert [ln.split()[-1] for ln in listed] == ["tests/test_a.py::t3", "tests/test_c.py::t1"]
