@@ -18,6 +18,10 @@ from hpcevo.errors import ConfigError
 from hpcevo.parallel import context_for
 from hpcevo.problems import make_problem
 
+# Splits of rows over 1, 2 and 3 ranks (3: uneven); a 4th rank splits them evenly again and
+# adds nothing but collectives (tests/test_parallel.py and the digest matrix run at 4).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 single = pytest.mark.single_process
 
 # Odd unit counts and small blocks: the last block is padded, and the blocks split unevenly over

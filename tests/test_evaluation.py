@@ -16,6 +16,10 @@ from hpcevo.parallel import context_for
 from hpcevo.parallel.evaluate import chunking_is_exact
 from hpcevo.problems import create
 
+# Splits of rows over 1, 2 and 3 ranks (3: uneven); a 4th rank splits them evenly again and
+# adds nothing but collectives (tests/test_parallel.py and the digest matrix run at 4).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 
 def run(ctx, algo, evaluate, batch_size=None, microbatch=None, generations=5):
     loop = hpcevo.Loop(algo, evaluate, ctx, microbatch=microbatch, batch_size=batch_size).compile(4)

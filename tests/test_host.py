@@ -20,6 +20,10 @@ from hpcevo.parallel import TaskRunner, allgather_rows, context_for
 from hpcevo.problems import create
 from test_user_problems import run_fails_where_missing
 
+# Splits of rows over 1, 2 and 3 ranks (3: uneven); a 4th rank splits them evenly again and
+# adds nothing but collectives (tests/test_parallel.py and the digest matrix run at 4).
+pytestmark = pytest.mark.ranks(1, 2, 3)
+
 NUMPY_PROBLEMS = textwrap.dedent(
     """
     import numpy as np
