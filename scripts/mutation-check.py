@@ -10,6 +10,7 @@ notes of any change that trims the suite.
     scripts/mutation-check.py --label quick        # only CTest's tests with this label (-L)
     scripts/mutation-check.py --exclude 'nodes|slurm|gpu_kit'   # leave these out (-LE): faster, and
                                                    # a part of the suite that fails means the whole fails
+    scripts/mutation-check.py uneven-split --label np3   # one mutant against one tier (-L)
     scripts/mutation-check.py --list               # what each mutant re-introduces
 
 Needs the set-up of scripts/test.sh (.venv) and writes build/mutation-check.json. The scratch
@@ -114,7 +115,7 @@ def run_suite(tree: Path, label: str | None, exclude: str | None, log: Path) -> 
     cmake = shutil.which("cmake") or str(python.parent / "cmake")
     ctest = shutil.which("ctest") or str(python.parent / "ctest")
     subprocess.run([cmake, "-S", str(tree), "-B", str(build), *args], check=True, capture_output=True)
-    cmd = [ctest, "--output-on-failure", "-j", os.environ.get("HPCEVO_TEST_JOBS", "4"), "--stop-on-failure"]
+    cmd = [ctest, "--output-on-failure", "-j", os.environ.get("HPCEVO_TEST_JOBS", "3"), "--stop-on-failure"]
     if label:
         cmd += ["-L", label]
     if exclude:
@@ -167,7 +168,16 @@ def main(argv: list[str] | None = None) -> int:
               f"  tests: {', '.join(tests[:4]) or '-'}{' ...' if len(tests) > 4 else ''}", flush=True)
     out = ROOT / "build" / "mutation-check.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"label": args.label, "exclude": args.exclude, "results": results}, indent=1))
+    # One record per mutant, kept across invocations (each may choose its own tiers).
+    kept = {}
+    if out.is_file():
+        try:
+            kept = {r["mutant"]: r for r in json.loads(out.read_text()).get("results", [])}
+        except (ValueError, KeyError, TypeError):
+            kept = {}
+    for r in results:
+        kept[r["mutant"]] = {**r, "label": args.label, "exclude": args.exclude}
+    out.write_text(json.dumps({"results": [kept[m.name] for m in MUTANTS if m.name in kept]}, indent=1))
     missed = [r["mutant"] for r in results if not r["caught"]]
     print(f"\n{len(results) - len(missed)} of {len(results)} caught" + (f"; missed: {', '.join(missed)}" if missed else ""))
     return 1 if missed else 0

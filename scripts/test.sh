@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite through CTest at 1, 2, 3 and 4 ranks.
 # Extra arguments go to ctest, e.g.  scripts/test.sh -L quick   (the inner loop: a few minutes),
-# scripts/test.sh -L np3,  scripts/test.sh -R launcher.  HPCEVO_TEST_JOBS: ctest's -j (default 4,
+# scripts/test.sh -L np3,  scripts/test.sh -R launcher.  HPCEVO_TEST_JOBS: ctest's -j (default 3,
 # the slots CMakeLists.txt lays the suite out for: see its head);
 # HPCEVO_JAX_CACHE: the compilation cache's directory (default ~/.cache/hpcevo/jax-test-cache).
 set -euo pipefail
@@ -19,7 +19,7 @@ if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; the
 fi
 CACHE_ARG=()
 [ -n "${HPCEVO_JAX_CACHE:-}" ] && CACHE_ARG=(-DHPCEVO_JAX_CACHE="$HPCEVO_JAX_CACHE")
-JOBS=${HPCEVO_TEST_JOBS:-4}
+JOBS=${HPCEVO_TEST_JOBS:-3}
 "${BIN}cmake" -S "$ROOT" -B "$ROOT/build" -DPython_EXECUTABLE="$VENV/bin/python" -DMPIEXEC_MAX_NUMPROCS=4 \
   -DHPCEVO_TEST_SLOTS="$JOBS" "${CACHE_ARG[@]}" >/dev/null
 cd "$ROOT/build"
