@@ -59,6 +59,8 @@ def test_the_profile_table_adds_up_the_records_per_file_and_tier(tmp_path):
         rec("tests/test_a.py::t2", 1, 3.0, 0.5) + "\n")
     (prof / "np3-not-single-process-and-not-launcher.jsonl").write_text(rec("tests/test_a.py::t3", 3, 10.0, 4.0, 2.0) + "\n")
     (prof / "np1-launcher.jsonl").write_text(rec("tests/test_c.py::t1", 1, 7.0, sleep=6.0) + "\n")
+    # the watchdog's part of the launcher tier: its own file (HPCEVO_TEST_PASS), the same column
+    (prof / "np1-launcher-watchdog.jsonl").write_text(rec("tests/test_c.py::t2", 1, 1.0) + "\n")
     out = tmp_path / "table.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "suite-profile.py"), str(prof), "--json", str(out),
                         "--tests", "2"], capture_output=True, text=True, timeout=60)
@@ -69,6 +71,7 @@ def test_the_profile_table_adds_up_the_records_per_file_and_tier(tmp_path):
     assert table["tests/test_a.py"]["np3"]["wall"] == 10.0 and table["tests/test_a.py"]["np3"]["sleep"] == 2.0
     assert set(table["tests/test_c.py"]) == {"launcher"}
     assert table["tests/test_c.py"]["launcher"]["sleep"] == 6.0
+    assert table["tests/test_c.py"]["launcher"]["wall"] == 8.0 and table["tests/test_c.py"]["launcher"]["tests"] == 2
     # the slowest tests listed, slowest first
     listed = [ln for ln in r.stdout.splitlines() if "::" in ln]
     assert [ln.split()[-1] for ln in listed] == ["tests/test_a.py::t3", "tests/test_c.py::t1"]
