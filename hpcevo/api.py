@@ -154,7 +154,7 @@ def load_study(source: str | os.PathLike | Mapping[str, Any], overrides: Sequenc
 def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = False, overwrite: bool = False,
           retry_failed: bool = False, quiet: bool = False, deadline: str | float | None = None,
           stop: StopSource | None = None, stream: TextIO | None = None, part: tuple[int, int] | None = None,
-          overrides: Sequence[str] = ()):
+          overrides: Sequence[str] = (), rerun_changed: bool = False):
     """Run a study on every rank of the job (collective): the job is split into groups of the
     study's ``ranks_per_run`` ranks, which take its runs from a queue, longest first, until none
     is left. Each run is an ordinary run directory under the study's ``out``, bitwise the run
@@ -169,6 +169,11 @@ def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = Fal
     checkpoint (status "stopped"); a run that fails on its own is recorded as failed and the
     others go on. ``part=(i, k)``: only the runs whose index is i modulo k (an array task's
     share; each share keeps a journal of its own). ``quiet``, ``stop``, ``stream``: as for ``run``.
+
+    A resume is refused (UsageError naming the keys and the runs) when the study now gives a
+    begun run other settings that change results (all but where and how it logs, checkpoints
+    and is bound to hardware: ``runner.STUDY_FREE``); ``rerun_changed=True`` starts those runs
+    again from generation 1 instead.
     """
     from .studies.runner import StudyOptions, run_study
     from .studies.spec import Study
@@ -179,20 +184,24 @@ def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = Fal
         RunOptions.checked("study", overwrite=overwrite, resume=resume, quiet=quiet, deadline=deadline, stop=stop,
                            stream=stream)
         schema.check(bool, retry_failed, "retry_failed", "study")
+        schema.check(bool, rerun_changed, "rerun_changed", "study")
         if retry_failed and not resume:
             raise UsageError("study: retry_failed applies when a study is resumed (resume=True)")
+        if rerun_changed and not resume:
+            raise UsageError("study: rerun_changed applies when a study is resumed (resume=True)")
         if isinstance(source, Study) and overrides:
             raise UsageError("study: 'overrides' apply to a study file or dict; load_study(source, overrides) "
                              "made this one")
         got = source if isinstance(source, Study) else load_study(source, overrides)
         return got, StudyOptions(resume, overwrite, retry_failed, quiet, deadline, stop, stream, _part(part),
-                                 rundir.face())
+                                 rundir.face(), rerun_changed)
 
     def canonical(given: tuple[Study, StudyOptions]) -> str:
         s, o = given
         return json.dumps({"name": s.name, "out": str(s.out), "ranks_per_run": s.ranks_per_run,
                            "runs": [(r.name, r.data) for r in s.runs], "resume": o.resume, "overwrite": o.overwrite,
-                           "retry_failed": o.retry_failed, "deadline": o.deadline, "part": o.part},
+                           "retry_failed": o.retry_failed, "deadline": o.deadline, "part": o.part,
+                           "rerun_changed": o.rerun_changed},
                           sort_keys=True, default=repr)
 
     got, options = agreed(world, "hpcevo.study's input", inputs, canonical)

@@ -129,6 +129,8 @@ def _study_parser(sub) -> None:
     run.add_argument("--resume", action="store_true", help="continue: skip done runs, resume interrupted ones")
     run.add_argument("--overwrite", action="store_true", help="start the study again from nothing")
     run.add_argument("--retry-failed", action="store_true", help="with --resume: run failed runs again")
+    run.add_argument("--rerun-changed", action="store_true", help="with --resume: start again the begun runs whose "
+                     "settings the study file now changes (without it, such a resume is refused)")
     run.add_argument("--slice", metavar="I/K", help="run only slice I of K (runs whose index is I modulo K)")
     run.add_argument("--deadline", metavar="WHEN", help="checkpoint every run and exit 75 before this (as hpcevo run)")
     run.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
@@ -214,7 +216,7 @@ def _study(ctx, args) -> int:
     with speaking("cli"):
         result = study(args.study, resume=args.resume, overwrite=args.overwrite, retry_failed=args.retry_failed,
                        quiet=args.quiet, deadline=args.deadline, part=tools.parse_slice(args.slice),
-                       overrides=args.overrides)
+                       overrides=args.overrides, rerun_changed=args.rerun_changed)
     return result.exit_code
 
 

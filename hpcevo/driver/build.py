@@ -32,14 +32,17 @@ from ..errors import ConfigError, did_you_mean
 from ..problems import as_problem, create, is_deferred
 from ..problems.base import HostProblem, Problem
 from ..problems.user import held_name
+from . import rules
 from .recording import recorder_for
 from .resources import check_memory
 
 AnyProblem = typing.Union[Problem, HostProblem]
 
 
-def check(cfg: RunConfig) -> None:
-    """Everything about ``cfg`` that can be checked without importing a user's code."""
+def check(cfg: RunConfig) -> AnyProblem | None:
+    """Everything about ``cfg`` that can be checked without importing a user's code; the problem
+    built to check it (None where it is the user's code, built on the ranks)."""
+    problem = None
     if cfg.algorithm is not None:
         _check_algorithm_section(cfg)
         if cfg.problem.dim is not None and not cfg.algorithm_params.get("distributed"):
@@ -54,6 +57,8 @@ def check(cfg: RunConfig) -> None:
             algorithm = build_algorithm(cfg, problem)  # runs the instances' own checks
             if cfg.islands is not None:
                 build_islands(cfg, problem, algorithm)
+            rules.check(cfg, problem)
+    return problem
 
 
 # -- the problem -------------------------------------------------------------------------------

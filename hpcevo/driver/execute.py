@@ -18,13 +18,13 @@ import numpy as np
 from .. import checkpoint, schema
 from ..algorithms.base import Algorithm
 from ..config import RunConfig, parse_deadline
-from ..errors import EXIT_STOPPED, CheckpointError, ConfigError, UsageError
+from ..errors import EXIT_STOPPED, CheckpointError, UsageError
 from ..hooks import Hooks
 from ..parallel import ParallelContext, bcast_from_root, collective_stage, user_code
 from ..parallel.info import oversubscription
 from ..parallel.watchdog import Watchdog
 from ..provenance import versions
-from . import build, noisy, startup
+from . import build, noisy, rules, startup
 from .archipelago import Archipelago
 from .coco_log import CocoLog
 from .engine import MAX_CHUNK
@@ -126,42 +126,48 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
         limits = PhaseLimits(fault)
         dog.arm("start-up", *limits.startup())
         run = Run.start(ctx, cfg, held, options)
-        run.hooks = hooks
-        G = cfg.run.generations
-        dog.arm("compiling and the first generation", *limits.compile())
-        run.compile()
-        with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
-            gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
-            while True:
-                t = time.perf_counter()
-                dog.arm(f"the boundary at generation {gen}", *limits.boundary())
-                met = run.met()
-                if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
-                    said = run.log(gen, metrics)
-                    ended = said if gen < G else None
-                ended = ended or met
-                decision = run.stop.poll(chunk)
-                stopping = gen < G and decision.stop and ended is None
-                limits.note_boundary(time.perf_counter() - t)
-                if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due,
-                                  soon=decision.soon):
-                    dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
-                    limits.note_checkpoint(run.write_checkpoint(gen))
-                if gen >= G or stopping or ended is not None:
-                    break
-                target = run.schedule.next_target(gen, decision.chunk)
-                dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
-                        *limits.dispatch(target - gen))
-                seconds = run.advance(target - gen)
-                limits.note_dispatch(target - gen, seconds)
-                chunk = next_chunk(target - gen, seconds)
-                gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
-            dog.arm("finishing", *limits.startup())
-            outcome = run.outcome()
-            run.loop.close()
-            with collective_stage(ctx), user_code(ctx, "a hook"):
-                hooks.close()
-        summary = run.finish(outcome, decision if stopping else None, ended)
+        try:
+            run.hooks = hooks
+            G = cfg.run.generations
+            dog.arm("compiling and the first generation", *limits.compile())
+            run.compile()
+            with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
+                gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
+                while True:
+                    t = time.perf_counter()
+                    dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+                    met = run.met()
+                    if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
+                        said = run.log(gen, metrics)
+                        ended = said if gen < G else None
+                    ended = ended or met
+                    decision = run.stop.poll(chunk)
+                    stopping = gen < G and decision.stop and ended is None
+                    limits.note_boundary(time.perf_counter() - t)
+                    if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due,
+                                      soon=decision.soon):
+                        dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
+                        limits.note_checkpoint(run.write_checkpoint(gen))
+                    if gen >= G or stopping or ended is not None:
+                        break
+                    target = run.schedule.next_target(gen, decision.chunk)
+                    dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
+                            *limits.dispatch(target - gen))
+                    seconds = run.advance(target - gen)
+                    limits.note_dispatch(target - gen, seconds)
+                    chunk = next_chunk(target - gen, seconds)
+                    gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
+                dog.arm("finishing", *limits.startup())
+                outcome = run.outcome()
+                run.loop.close()
+                with collective_stage(ctx), user_code(ctx, "a hook"):
+                    hooks.close()
+            summary = run.finish(outcome, decision if stopping else None, ended)
+        except BaseException:
+            run.rundir.abandon()  # (before the first generation: the run --overwrite replaced comes back)
+            raise
+        finally:
+            run.rundir.close()
         return summary, run.loop.history
 
 
@@ -198,10 +204,7 @@ class Run:
         """Build, prepare the run directory, find the checkpoint to resume from (``compile``
         comes next)."""
         parts = Built.of(ctx, cfg, held, options.reuse)
-        if cfg.run.reevaluate and getattr(parts.problem, "num_objectives", 1) > 1:
-            raise ConfigError(f"run.reevaluate = {cfg.run.reevaluate}: problem {parts.problem.name} has "
-                              f"{parts.problem.num_objectives} objectives; re-evaluating 'the best' needs one "
-                              "(set run.reevaluate = 0)", "run.reevaluate")
+        rules.check(cfg, parts.problem)  # before the run directory is touched (--overwrite)
         stop_control = StopControl(ctx, options.stop if options.stop is not None else StopFlag(),
                                    find_deadline(ctx, options.deadline, cfg.checkpoint.deadline,
                                                  cfg.checkpoint.margin_seconds, time.time()),
@@ -209,21 +212,22 @@ class Run:
                                    0.0 if "every" in cfg.checkpoint.model_fields_set else DEFAULT_EVERY_SHARE)
         rundir = RunDir(ctx, RunPaths.of(cfg.out_dir, cfg.checkpoint_dir))
         rundir.prepare(options.overwrite, options.resume)
+        try:
+            return cls._started(ctx, cfg, options, parts, rundir, stop_control)
+        except BaseException:
+            rundir.abandon()  # the run --overwrite set aside comes back
+            rundir.close()
+            raise
+
+    @classmethod
+    def _started(cls, ctx: ParallelContext, cfg: RunConfig, options: RunOptions, parts: "Built", rundir: RunDir,
+                 stop_control: StopControl) -> "Run":
         report = Reporter(not options.quiet, ctx.is_root, cfg.log.progress, cfg.run.generations, options.stream)
         coco = _coco_log(ctx, cfg, parts)
         run = cls(ctx, cfg, _loop_of(ctx, cfg, parts, coco), parts, rundir, report, stop_control)
         run.coco = coco
-        target, stagnation = _target(cfg, parts.problem), cfg.run.stagnation_generations
+        target, stagnation = rules.target(cfg, parts.problem), cfg.run.stagnation_generations
         if cfg.run.evaluations is not None or target is not None or stagnation is not None:
-            if parts.islands is not None:
-                key = ("run.evaluations" if cfg.run.evaluations is not None else "run.target" if target is not None
-                       else "run.stagnation_generations")
-                raise ConfigError(f"{cfg.source}: '{key}' ends a single population's run; with [islands] the "
-                                  "run ends at run.generations (or use a hpcevo.hooks stop criterion)", key)
-            if (target is not None or stagnation is not None) and getattr(parts.problem, "num_objectives", 1) > 1:
-                key = "run.target" if target is not None else "run.stagnation_generations"
-                raise ConfigError(f"{cfg.source}: '{key}' is about a fitness value; problem {parts.problem.name} has "
-                                  f"{parts.problem.num_objectives} objectives", key)
             run.loop.limit(cfg.run.evaluations, target, stagnation, cfg.run.stagnation_tolerance)
         if options.resume:
             run.resume()
@@ -301,6 +305,7 @@ class Run:
             if self.coco is not None:
                 self.coco.flush()
             self._check_some_evaluation_worked()
+            self.rundir.commit()  # the new run has started: what --overwrite set aside goes
         else:
             self.loop.check_replicas()
         self.gen_prev, self.evals_prev = self.loop.generation, self.loop.evaluations
@@ -329,9 +334,12 @@ class Run:
             hint = (". It was called with blocks of rows, shape (n, dim), as a NumPy function is unless told "
                     "otherwise: for a function of one candidate set problem.batched = false "
                     "(hpcevo.run(..., batched=False))")
-        raise UsageError(f"problem '{name}': {what}{hint}. Nothing to optimise: the run stops here "
-                         f"(failures.jsonl in {self.rundir.paths.root} has each failure)" if failed else
-                         f"problem '{name}': {what}{hint}. Nothing to optimise: the run stops here")
+        where = ""
+        if self.rundir.replacing:
+            where = f" (the run in {self.rundir.paths.root} that {option('overwrite')} was to replace is kept)"
+        elif failed:
+            where = f" (failures.jsonl in {self.rundir.paths.root} has each failure)"
+        raise UsageError(f"problem '{name}': {what}{hint}. Nothing to optimise: the run stops here{where}")
 
     def met(self) -> str | None:
         """Why run.evaluations or run.target ends the run at this generation, or None."""
@@ -514,28 +522,9 @@ class Built:
         return cls(problem, algorithm, resolved, exact, cache, islands)
 
 
-def _target(cfg: RunConfig, problem: Any) -> float | None:
-    """run.target, or the problem's optimal value plus run.target_precision (ConfigError where
-    both are given or the optimum is not known)."""
-    run = cfg.run
-    if run.target_precision is None:
-        return run.target
-    if run.target is not None:
-        raise ConfigError(f"{cfg.source}: 'run.target' and 'run.target_precision' both set a target: give one",
-                          "run.target_precision")
-    f_opt = getattr(problem, "optimum_value", None)
-    if f_opt is None:
-        raise ConfigError(f"{cfg.source}: 'run.target_precision': problem {problem.name} does not know its optimal "
-                          "value; set run.target (a fitness) instead", "run.target_precision")
-    return float(f_opt) + run.target_precision
-
-
 def _coco_log(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> CocoLog | None:
     if not cfg.log.coco:
         return None
-    if parts.islands is not None:
-        raise ConfigError(f"{cfg.source}: 'log.coco' logs one population's evaluations; with [islands] there "
-                          "are several", "log.coco")
     algorithm = parts.resolved.get("algorithm", {})
     comment = " ".join(f"{k}={v}" for k, v in algorithm.items() if k != "name")
     return CocoLog(ctx, parts.problem, cfg.out_dir, parts.algorithm_name, f"hpcevo {comment}", cfg.source)

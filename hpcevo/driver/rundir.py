@@ -16,19 +16,30 @@ import contextlib
 import contextvars
 import dataclasses
 import errno
+import fcntl
 import json
 import os
 import secrets
+import socket
+import shutil
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 from .. import checkpoint
 from ..errors import UsageError
-from ..parallel import ParallelContext, collective_stage
+from ..parallel import ParallelContext, bcast_from_root, collective_stage
 
 CONFIG, METRICS, SUMMARY, FAILURES = "config.toml", "metrics.jsonl", "summary.json", "failures.jsonl"
 RUN_FILES = (CONFIG, METRICS, SUMMARY, FAILURES)
+COCO = "coco"  # COCO's data of a run with log.coco (driver/coco_log.py)
+# Where --overwrite keeps the run it replaces (in the run directory, and in a checkpoint
+# directory outside it) until the new run's first generation has been evaluated: a start that
+# fails before (a config refused once its problem is built, every evaluation failing, an
+# interrupt while compiling) puts it back, so a refused --overwrite loses nothing.
+ASIDE = ".hpcevo-replaced"
+LOCK = ".hpcevo-lock"  # held by the launch writing the directory (``DirLock``)
 
 # Which face started the run: "api" (hpcevo.run) or "cli" (hpcevo run). Messages that tell the
 # caller what to pass next name it in that face's words (``resume=True``, ``--resume``). A
@@ -98,6 +109,48 @@ class RunPaths:
         return cls.of(root, ckdir)
 
 
+class DirLock:
+    """One launch writes a run (or a study) directory at a time: an exclusive ``flock`` on the
+    file ``LOCK`` in it, held by this process (rank 0) from before anything is touched until the
+    launch ends (the kernel drops it when the process dies, however it dies). A second launch,
+    from this machine or another sharing the file system, stops with one message naming the
+    holder. (Two launches of one run, a job submitted twice, tore each other's metrics.jsonl.)
+    Where the file system has no locks, the directory is used unlocked, as before."""
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    @classmethod
+    def take(cls, folder: Path, what: str, name: str = LOCK) -> "DirLock":
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            try:
+                h = json.loads(holder)
+                by = (f" (process {h['pid']} on {h['host']}, since "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h['since']))})")
+            except (ValueError, KeyError, TypeError, OverflowError):
+                by = ""
+            raise UsageError(f"{what} is being written by another launch{by}: one launch at a time writes it (two "
+                             "would tear each other's files). Wait for that one to end (or stop it), or use another "
+                             "directory") from None
+        except OSError:  # no locks on this file system (ENOLCK, EOPNOTSUPP)
+            os.close(fd)
+            return cls(None)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode(), 0)
+        return cls(fd)
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # (the file stays: removing it would let a third launch lock another inode)
+
+
 class RunDir:
     """A run directory being written by the ranks of ``ctx`` (rank 0 writes).
 
@@ -111,6 +164,9 @@ class RunDir:
 
     def __init__(self, ctx: ParallelContext, paths: RunPaths):
         self.ctx, self.paths = ctx, paths
+        self._aside: list[tuple[Path, Path]] = []  # (where it was, where it is now): rank 0's
+        self._lock = DirLock(None)  # rank 0's, from prepare to close
+        self.replacing = False  # (every rank) --overwrite set a run aside, not yet committed
 
     def unwritable(self, error: BaseException) -> BaseException:
         """An OSError while writing the run directory, as the UsageError that reports it."""
@@ -129,13 +185,36 @@ class RunDir:
         """Check and create the directories. Collective.
 
         An existing run is continued only with ``resume``, replaced only with ``overwrite``: never
-        silently. Both directories are probed for writing now, not an hour into the run.
+        silently. Both directories are probed for writing now, not an hour into the run. With
+        ``overwrite`` the old run is set aside (``ASIDE``) until ``commit``; ``abandon`` puts it
+        back.
         """
         self._root_writes(lambda: self._prepare(overwrite, resume))
+        self.replacing = bool(bcast_from_root(self.ctx, bool(self._aside) if self.ctx.is_root else None))
 
     def _prepare(self, overwrite: bool, resume: bool) -> None:
         out, ckdir = self.paths.root, self.paths.checkpoints
-        existing = [f for f in RUN_FILES if os.path.lexists(out / f)]
+        self._lock = DirLock.take(out, f"run directory '{out}'")
+        try:
+            self._prepare_locked(overwrite, resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """The launch is over (rank 0's lock released; every rank calls it)."""
+        self._lock.release()
+
+    def _prepare_locked(self, overwrite: bool, resume: bool) -> None:
+        out, ckdir = self.paths.root, self.paths.checkpoints
+        for d in dict.fromkeys((out, ckdir)):
+            if os.path.lexists(d / ASIDE):
+                raise UsageError(
+                    f"'{d / ASIDE}' holds the run that an earlier {option('overwrite')} set aside, and that start "
+                    "ended before its first generation (killed?): nothing of that run is lost. To keep it, move "
+                    f"its files back into '{d}' (replacing what is there); to drop it, remove the folder. Then "
+                    "start again")
+        existing = [f for f in (*RUN_FILES, COCO) if os.path.lexists(out / f)]
         checkpoints = checkpoint.list_checkpoints(ckdir)
         if checkpoints:
             existing.append(f"{len(checkpoints)} checkpoint(s) in {ckdir}")
@@ -146,24 +225,76 @@ class RunDir:
                 f"to continue it, {option('overwrite')} to replace it, or choose another with {another}")
         self._check_owner(checkpoints, overwrite)
         if existing and overwrite:
-            for f in RUN_FILES:
-                (out / f).unlink(missing_ok=True)  # a link is removed, never what it points to
-            for path in checkpoints:
-                path.unlink()
-        links = [f for f in RUN_FILES if (out / f).is_symlink()]
-        if links:
-            raise UsageError(f"run directory '{out}': {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'} "
-                             f"(to {os.readlink(out / links[0])}): hpcevo writes no file of a run through a link; "
-                             f"remove it, or pass {option('overwrite')} (which removes the link, not what it points "
-                             "to)")
-        for d in (out, ckdir):
-            d.mkdir(parents=True, exist_ok=True)
-            probe = d / f".write-test-{os.getpid()}"
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-            probe.unlink()
-        if not _inside(ckdir, out):
-            write_new(ckdir / OWNER, json.dumps({"run_dir": str(out.resolve())}) + "\n")
-        checkpoint.remove_partials(ckdir)
+            self._set_aside([out / f for f in (*RUN_FILES, COCO) if os.path.lexists(out / f)] + checkpoints)
+        try:
+            links = [f for f in RUN_FILES if (out / f).is_symlink()]
+            if links:
+                raise UsageError(f"run directory '{out}': {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'} "
+                                 f"(to {os.readlink(out / links[0])}): hpcevo writes no file of a run through a link; "
+                                 f"remove it, or pass {option('overwrite')} (which removes the link, not what it points "
+                                 "to)")
+            for d in (out, ckdir):
+                d.mkdir(parents=True, exist_ok=True)
+                probe = d / f".write-test-{os.getpid()}"
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+                probe.unlink()
+            if not _inside(ckdir, out):
+                write_new(ckdir / OWNER, json.dumps({"run_dir": str(out.resolve())}) + "\n")
+            checkpoint.remove_partials(ckdir)
+        except BaseException:
+            self._restore()
+            raise
+
+    def _set_aside(self, paths: list[Path]) -> None:
+        """Move ``paths`` (entries of the run, links as links) into ``ASIDE`` beside them (rank 0)."""
+        try:
+            for path in paths:
+                aside = path.parent / ASIDE
+                if not aside.is_dir():
+                    aside.mkdir(mode=0o700)
+                os.rename(path, aside / path.name)
+                self._aside.append((path, aside / path.name))
+        except BaseException:
+            self._restore()
+            raise
+
+    def commit(self) -> None:
+        """The new run has started: drop the run ``--overwrite`` set aside. Rank 0, local (every
+        rank calls it; a folder that cannot be removed is named by the next start)."""
+        moved, self._aside, self.replacing = self._aside, [], False
+        for folder in dict.fromkeys(dest.parent for _, dest in moved):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """The new run did not start: remove what it wrote and put the replaced run back. Rank 0,
+        local and never raising (it runs while an error, or an interrupt, ends the start)."""
+        if not self._aside:
+            return
+        out, ckdir = self.paths.root, self.paths.checkpoints
+        new = [out / f for f in (*RUN_FILES, COCO)] + checkpoint.list_checkpoints(ckdir)
+        for path in new:
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    path.unlink()
+            except Exception:
+                pass
+        with contextlib.suppress(Exception):
+            checkpoint.remove_partials(ckdir)
+        self._restore()
+        self.replacing = False
+
+    def _restore(self) -> None:
+        """Every entry set aside back where it was; the ``ASIDE`` folders removed once empty (one
+        that keeps an entry stays, and the next start names it)."""
+        moved, self._aside = self._aside, []
+        for path, dest in reversed(moved):
+            with contextlib.suppress(OSError):
+                os.rename(dest, path)
+        for folder in dict.fromkeys(dest.parent for _, dest in moved):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     def _check_owner(self, checkpoints: list[Path], overwrite: bool) -> None:
         """The checkpoint directory must be this run's: resuming from, or overwriting, another

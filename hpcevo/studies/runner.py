@@ -19,6 +19,7 @@ for all of them).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from ..parallel.watchdog import Watchdog
 from ..driver import rundir
 from ..driver.execute import Held, RunOptions, execute
 from ..driver.stopping import StopFlag, StopSource, find_deadline, signal_name
-from .journal import Journal, journal_files, journal_path, states
+from .journal import Journal, journal_files, journal_path, read_events, states
 from .spec import Study, StudyRun
 
 
@@ -41,7 +42,8 @@ class StudyOptions:
     start the rest); ``overwrite``: start again from nothing; ``retry_failed`` (with resume):
     run the failed ones again too; ``part``: (i, k), run only slice i of k (runs whose index is
     i modulo k: an array task's share); ``deadline``, ``stop``, ``quiet``, ``stream``, ``face``:
-    as for a run (``RunOptions``)."""
+    as for a run (``RunOptions``); ``rerun_changed`` (with resume): begun runs whose config the
+    study file now changes start again from generation 1 (without it such a resume is refused)."""
 
     resume: bool = False
     overwrite: bool = False
@@ -52,6 +54,7 @@ class StudyOptions:
     stream: TextIO | None = None
     part: tuple[int, int] | None = None
     face: str = "api"
+    rerun_changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +101,25 @@ class _Launch:
                              f"{world.size} rank{'s' if world.size != 1 else ''}: start at least "
                              f"{study.ranks_per_run} (or lower ranks_per_run)")
         todo: list[int] = []
-        with collective_stage(world):
-            if world.is_root:
-                todo = self._prepare()
-        todo = bcast_from_root(world, todo)
+        self.rerun: set[str] = set()
+        lock = rundir.DirLock(None)
+        try:
+            with collective_stage(world):
+                if world.is_root:
+                    # one launch per study directory (per share: --part k/n launches run side by side)
+                    part = self.options.part
+                    lock = rundir.DirLock.take(study.out, f"study directory '{study.out}'" + (
+                        f" (share {part[0]}/{part[1]})" if part else ""),
+                        rundir.LOCK if part is None else f"{rundir.LOCK}-{part[0]}of{part[1]}")
+                    todo = self._prepare()
+            todo, rerun = bcast_from_root(world, (todo, sorted(self.rerun)))
+            self.rerun = set(rerun)
+            return self._launch(todo)
+        finally:
+            lock.release()
+
+    def _launch(self, todo: list[int]) -> StudyResult:
+        world, study, options = self.world, self.study, self.options
         groups = split(world, study.ranks_per_run)
         t0 = time.time()
         if world.is_root and not options.quiet:
@@ -146,7 +164,9 @@ class _Launch:
     def _run_one(self, ctx: ParallelContext, run: StudyRun, flag: StopSource, remaining: float | None,
                  reuse: dict) -> dict[str, Any]:
         o = self.options
-        opts = RunOptions(overwrite=o.overwrite, resume=o.resume, quiet=True, deadline=remaining, stop=flag,
+        again = run.name in self.rerun  # (a changed run of a resumed study: from generation 1)
+        opts = RunOptions(overwrite=o.overwrite or again, resume=o.resume and not again, quiet=True,
+                          deadline=remaining, stop=flag,
                           stream=o.stream, face=o.face, reuse=reuse)
         t = time.time()
         base = {"run": run.name, "task": run.index}
@@ -189,8 +209,9 @@ class _Launch:
                     p.unlink()
             todo = here
         else:
+            self.rerun = self._changed(here)
             skip = ("done",) if o.retry_failed else ("done", "failed")
-            todo = [s for s in here if s.state not in skip]
+            todo = [s for s in here if s.state not in skip or s.run.name in self.rerun]
         self.counts_before = {st: sum(s.state == st for s in here) for st in ("done", "failed")}
         self.journal = Journal(path)
         self._write_copy()
@@ -201,6 +222,34 @@ class _Launch:
         self.todo_count = len(todo)
         order = sorted(todo, key=lambda s: (-s.run.cost(), s.run.configuration, s.run.problem, s.run.index))
         return [s.run.index for s in order]
+
+    def _changed(self, here: list) -> set[str]:
+        """The begun runs whose config the study now changes in a key that alters results; a
+        UsageError naming each key, its values and its runs, unless ``rerun_changed``."""
+        recorded: dict[str, dict] = {}
+        for e in read_events(self.study.out):
+            if e.get("event") == "start" and isinstance(e.get("config"), dict):
+                recorded[e["run"]] = e["config"]  # (the last start of each run)
+        diffs: dict[tuple[str, str, str], list[str]] = {}
+        for state in here:
+            run = state.run
+            if state.state == "pending" or run.name not in recorded:
+                continue  # (a run begun before runs were recorded: its own resume checks it)
+            for key, was, now in config_changes(recorded[run.name], run.data):
+                diffs.setdefault((key, was, now), []).append(run.name)
+        changed = {name for names in diffs.values() for name in names}
+        if changed and not self.options.rerun_changed:
+            lines = []
+            for (key, was, now), names in sorted(diffs.items()):
+                shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                lines.append(f"{key}: was {was}, now {now} ({len(names)} run{'s' if len(names) != 1 else ''}: {shown})")
+            raise UsageError(
+                f"study directory '{self.study.out}': the study file changes {len(changed)} run"
+                f"{'s' if len(changed) != 1 else ''} that already began, in settings that change results:\n  "
+                + "\n  ".join(lines) + "\n  resuming would mix runs of both settings in one report. Undo the change; "
+                f"or start the changed runs again from generation 1 ({rundir.option('rerun_changed')}); or start the "
+                f"whole study again ({rundir.option('overwrite')}). Free to change on resume: {', '.join(STUDY_FREE)}")
+        return changed
 
     def _write_copy(self) -> None:
         """The study file beside its runs, for the record (what ``report`` and ``status`` show)."""
@@ -219,8 +268,9 @@ class _Launch:
             ranks = list(range(e["group"] * rpr, (e["group"] + 1) * rpr))
             hosts = sorted({self.world.rank_hosts[r] for r in ranks}) if self.world.rank_hosts else []
             self.started[e["group"]] = e["time"]
+            # (its config as the study expanded it: what a resume compares the study file with)
             self.journal.write({"event": "start", "time": e["time"], "run": run.name, "group": e["group"],
-                                "ranks": ranks, "hosts": hosts})
+                                "ranks": ranks, "hosts": hosts, "config": run.data})
         elif e["event"] == "end":
             self.busy += (e["time"] - self.started.pop(e["group"], e["time"])) * rpr
             record = {k: v for k, v in e.items() if k not in ("task", "halt")}
@@ -293,6 +343,30 @@ class _Launch:
             line += (f"; failed runs are in {journal_path(self.study.out, self.options.part)} (run them again: "
                      f"{rundir.option('resume')} {rundir.option('retry_failed')})")
         return line
+
+
+# What a resumed study's runs may change: where and how they log, checkpoint and are bound to
+# hardware, and how host evaluations are scheduled (none changes a bit: driver/resume.py's FREE).
+# Budgets, targets and run.generations are locked here, unlike a run's resume: a done run is not
+# continued, so a study whose runs ended at other generations would report a mixture.
+STUDY_FREE = ("run.name", "run.out", "log.every", "log.progress", "checkpoint.*", "fault.*", "parallel.device",
+              "parallel.threads_per_rank", "parallel.compile_cache", "parallel.share_gpus",
+              "evaluation.concurrency", "evaluation.schedule")
+
+
+def config_changes(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, old value, new value) for each key of a run's config that differs and is not free
+    (a key set on one side only is shown as "(not set)": its default may differ)."""
+    from ..driver.resume import _flat, is_free
+
+    a, b = _flat(was), _flat(now)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key in a and key in b and a[key] == b[key] or is_free(key, STUDY_FREE):
+            continue
+        show = lambda d: json.dumps(d[key]) if key in d else "(not set)"  # noqa: E731
+        out.append((key, show(a), show(b)))
+    return out
 
 
 def _margin(study: Study) -> float:

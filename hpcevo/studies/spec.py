@@ -424,19 +424,19 @@ def _check_report_keys(study: Study, where: str) -> None:
 def check_runs(study: Study) -> None:
     """Every run's config through the schema, and what ``load_config`` checks once per
     distinct program; ConfigError names the first run that fails (and how many share it)."""
-    from ..driver import build
+    from ..driver import build, rules
 
-    programs: dict[str, list[StudyRun]] = {}
-    configs: dict[str, RunConfig] = {}
+    programs: dict[str, list[tuple[StudyRun, RunConfig]]] = {}
     for run in study.runs:
         cfg = run.config()  # the schema: ConfigError names the run through its source
-        key = build.program_key(cfg)
-        programs.setdefault(key, []).append(run)
-        configs.setdefault(key, cfg)
-    for key, runs in programs.items():
+        programs.setdefault(build.program_key(cfg), []).append((run, cfg))
+    for runs in programs.values():
         try:
-            build.check(configs[key])
+            problem = build.check(runs[0][1])
         except ConfigError as e:
             others = f" (and {len(runs) - 1} more run{'s' if len(runs) > 2 else ''} of the same config)" if len(
                 runs) > 1 else ""
             raise ConfigError(f"{e}{others}", e.key) from None
+        if problem is not None:  # the rules across keys, which settings outside the program change
+            for _, cfg in runs[1:]:
+                rules.check(cfg, problem)
