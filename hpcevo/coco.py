@@ -389,20 +389,26 @@ class BBOBLogger:
                 "sizes": sizes}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], observer: BBOBObserver | None = None) -> BBOBLogger:
+    def from_state(cls, state: dict[str, Any], observer: BBOBObserver | None = None, *,
+                   folder: str | os.PathLike | None = None) -> BBOBLogger:
         """A logger that continues the run ``state`` (from ``state()``) in the same files.
 
         What was appended after the state was taken (lines of the evaluations a resumed run
         evaluates again, or the end of a close) is cut off; anything else written since (another
         run's entry or block) raises ``CocoFilesChanged``, as COCO's files can only grow at the
-        end. ``observer``: the ``BBOBObserver`` the run belonged to, if any (restored first)."""
+        end. ``observer``: the ``BBOBObserver`` the run belonged to, if any (restored first).
+        ``folder``: where the files are now, if not where the state was taken (a copied or moved
+        run continues its own files, never the original's)."""
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a BBOBLogger state (format {_STATE_FORMAT!r} expected)")
         keys = ("folder", "function", "instance", "dim", "fopt", "algorithm", "comment", "suite", "log_variables",
                 "number_target_triggers", "log_target_precision", "lin_target_precision", "base_evaluation_triggers")
         if observer is not None and not state["closed"] and observer._open is not None and not observer._open.closed:
             raise UsageError("the observer has an open logger: close it first")
-        self = cls(_observer=observer, **{k: state[k] for k in keys})
+        given = {k: state[k] for k in keys}
+        if folder is not None:
+            given["folder"] = folder
+        self = cls(_observer=observer, **given)
         self._dat_base = state["dat_base"]
         self.evaluations = int(state["evaluations"])
         self._best = math.inf if state["best"] is None else float(state["best"])

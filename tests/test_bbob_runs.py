@@ -6,6 +6,7 @@ compiled program for every instance of a function, float64 by default."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -144,6 +145,29 @@ def test_a_resumed_run_continues_its_coco_files(ctx, shared_tmp):
 
 
 # -- one process ---------------------------------------------------------------------------------
+@pytest.mark.single_process
+def test_a_copied_or_moved_run_continues_its_own_coco_files(tmp_path):
+    """The logger's state names the folder it wrote; a copy resumes into its own coco/ (the
+    original's files untouched), and a moved run resumes at all (its old folder is gone)."""
+    whole = hpcevo.run(config(tmp_path / "whole", generations=30), quiet=True).summary
+    cfg = config(tmp_path / "part", generations=14)
+    cfg["checkpoint"] = {"every": 0, "final": True}
+    hpcevo.run(cfg, quiet=True)
+    original = coco_files(tmp_path / "part" / "coco")
+    again = config(tmp_path / "copy", generations=30)
+    again["checkpoint"] = cfg["checkpoint"]
+    shutil.copytree(tmp_path / "part", tmp_path / "copy")
+    rest = hpcevo.run(again, quiet=True, resume=True).summary
+    assert rest["state_digest"] == whole["state_digest"] and rest["resumed_from"] == 14
+    assert coco_files(tmp_path / "copy" / "coco") == coco_files(tmp_path / "whole" / "coco")
+    assert coco_files(tmp_path / "part" / "coco") == original  # (the original's files untouched)
+    os.rename(tmp_path / "part", tmp_path / "moved")
+    again["run"]["out"] = str(tmp_path / "moved")
+    rest = hpcevo.run(again, quiet=True, resume=True).summary
+    assert rest["state_digest"] == whole["state_digest"]
+    assert coco_files(tmp_path / "moved" / "coco") == coco_files(tmp_path / "whole" / "coco")
+
+
 @pytest.mark.single_process
 def test_instances_of_a_function_share_one_compiled_program():
     from hpcevo.driver import loop as loop_module

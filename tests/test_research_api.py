@@ -103,6 +103,16 @@ def test_ask_tell_misuse_raises_on_every_rank(ctx):
     if ctx.size > 1:  # a fitness computed differently on one rank would fork the replicas
         with pytest.raises(hpcevo.UsageError, match="differs between ranks"):
             loop.tell(x, np.full(24, float(ctx.rank == 1)))
+    # not real numbers: one message naming the argument, not JAX's from deep inside (a complex
+    # fitness lost its imaginary part without a word)
+    for bad, said in ((np.zeros(24) + 1j, "complex numbers"), (["a"] * 24, "strings"), (None, "objects"),
+                      ([object()] * 24, "objects"), ([[1.0], [1.0, 2.0]], "got list .*inhomogeneous")):
+        with pytest.raises(hpcevo.UsageError, match=f"Loop.tell: 'fitness' must be an array of real numbers.*{said}"):
+            loop.tell(x, bad)
+    with pytest.raises(hpcevo.UsageError, match="Loop.tell: 'x' must be an array of real numbers; got complex"):
+        loop.tell(np.asarray(x) + 1j, np.zeros(24))
+    with pytest.raises(hpcevo.UsageError, match="Loop.evaluate: 'x' must be an array of real numbers; got strings"):
+        loop.evaluate([["a"] * 6])
     loop.tell(x, loop.evaluate(x))  # the generation is still open, and ends normally
     assert loop.generation == 2
     with pytest.raises(hpcevo.UsageError, match="distributed"):

@@ -11,6 +11,7 @@ equals one run from the start with the new file.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import hpcevo
-from hpcevo.errors import UsageError
+from hpcevo.errors import ConfigError, UsageError
 
 from test_overwrite import snapshot
 
@@ -107,3 +108,37 @@ def test_the_cli_names_the_key_and_takes_rerun_changed(tmp_path):
     assert r.returncode == 0, r.stderr
     (config,) = (tmp_path / "s" / "runs").glob("*/config.toml")
     assert tomllib.loads(config.read_text())["problem"]["dim"] == 5
+
+
+# -- one axis per key -------------------------------------------------------------------------------
+def _with(**tables) -> dict:
+    return {"study": {"seeds": 1}, "base": {"run": {"generations": 4}, "algorithm": {"name": "pso", "pop_size": 8},
+                                            "problem": {"name": "sphere", "dim": 3}}, **tables}
+
+
+NAME = {"key": "algorithm.name", "values": ["cso", "de"]}
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("tables, overrides, said", [
+    ({"axis": [NAME, {"key": "algorithm.name", "values": ["pso", "ga"]}]}, [], "'algorithm.name' is set by axes 1 and 2"),
+    ({"axis": [NAME, {"zip": {"algorithm.name": ["pso", "ga"], "problem.dim": [3, 4]}}]}, [],
+     "'algorithm.name' is set by axes 1 and 2"),
+    ({"axes": {"algorithm.name": ["pso", "ga"]}, "axis": [NAME]}, [], "'algorithm.name' is set by axes 1 and 2"),
+    ({"axis": [{"key": "problem.dim", "values": [3, 4], "set": {"dim3": {"algorithm.name": "ga"}}}, NAME]}, [],
+     "'algorithm.name' is set by axes 1 and 2"),
+    ({"axis": [NAME]}, ["base.algorithm.name=ga"], "--set 'algorithm.name' on the base, but axis 1 sets"),
+    ({"axis": [{"key": "algorithm.F", "values": [0.5, 0.7]}]}, ["base.algorithm={name = 'de', pop_size = 8}"],
+     "--set 'algorithm' on the base, but axis 1 sets 'algorithm.F'"),
+], ids=["two grid axes", "grid and zip", "shorthand and axis", "a set table", "--set on an axis key",
+        "--set on its table"])
+def test_a_key_set_by_two_axes_or_by_an_axis_and_set_is_refused(tables, overrides, said):
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        hpcevo.load_study(_with(**tables), overrides)
+
+
+@pytest.mark.single_process
+def test_one_axis_per_key_still_allows_what_studies_do():
+    s = hpcevo.load_study(_with(axis=[NAME, {"key": "problem.dim", "values": [3, 4]}]),
+                          ["base.run.generations=5", "study.seeds=2"])
+    assert len(s.runs) == 8 and {r.config().algorithm.name for r in s.runs} == {"cso", "de"}

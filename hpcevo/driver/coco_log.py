@@ -77,7 +77,8 @@ class CocoLog:
                              f"({path}): COCO's data needs every evaluation from the first, so a run can only "
                              "continue its COCO files from a checkpoint written with log.coco = true. Start "
                              "it again (--overwrite), or resume with log.coco = false")
-        return BBOBLogger.from_state(json.loads(path.read_text()))
+        # (the folder the state names is where the run was: a copied or moved run writes its own)
+        return BBOBLogger.from_state(json.loads(path.read_text()), folder=self.folder)
 
     def flush(self) -> None:
         """Write what was observed since the last flush (collective)."""

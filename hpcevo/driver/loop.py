@@ -337,7 +337,7 @@ class Loop:
         and the values gathered: the same bits at any rank count. Collective: every rank passes
         the same candidates. NaN or infinite values are kept (``tell`` counts them as worst)."""
         def check() -> jax.Array:
-            a = jnp.asarray(x)
+            a = jnp.asarray(_real(x, "Loop.evaluate", "x"))
             if a.ndim != 2 or a.shape[1] != self._algorithm.dim or a.shape[0] < 1:
                 raise UsageError(f"Loop.evaluate: 'x' must be candidates of shape (n, {self._algorithm.dim}), got "
                                  f"shape {tuple(a.shape)}")
@@ -358,7 +358,8 @@ class Loop:
             if self._pending is None:
                 raise UsageError("Loop.tell: no generation is open: call ask() first")
             asked = self._pending[0]
-            xa, fa = jnp.asarray(x, self._algorithm.dtype), jnp.asarray(fitness)
+            xa = jnp.asarray(_real(x, "Loop.tell", "x"), self._algorithm.dtype)
+            fa = jnp.asarray(_real(fitness, "Loop.tell", "fitness"))
             if xa.shape != asked.shape:
                 raise UsageError(f"Loop.tell: 'x' must be the {asked.shape[0]} candidates ask() gave, shape "
                                  f"{tuple(asked.shape)}; got shape {tuple(xa.shape)}")
@@ -616,6 +617,25 @@ def _same(a: tuple, b: tuple) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not the same
         return False
+
+
+def _real(value: Any, where: str, name: str) -> Any:
+    """``value`` if it is (convertible to) an array of real numbers; else a UsageError naming it.
+    A complex fitness would lose its imaginary part without a word, and strings, None or objects
+    would fail deep inside JAX."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        try:
+            value = np.asarray(value)
+        except (ValueError, TypeError) as e:  # (ragged lists)
+            raise UsageError(f"{where}: '{name}' must be an array of real numbers; got {type(value).__name__} "
+                             f"({e})") from None
+        dtype = value.dtype
+    if np.dtype(dtype).kind not in "biuf":
+        what = {"c": "complex numbers", "U": "strings", "S": "bytes", "O": "Python objects (or None)"}.get(
+            np.dtype(dtype).kind, str(dtype))
+        raise UsageError(f"{where}: '{name}' must be an array of real numbers; got {what} ({np.dtype(dtype)})")
+    return value
 
 
 def _array_text(a: jax.Array) -> str:

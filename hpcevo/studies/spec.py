@@ -212,6 +212,7 @@ def load_study(source: str | Path | dict, overrides: Sequence[str] = (), *, chec
     base = _base(spec.base, path, where)
     seeds = _seeds(spec.study.seeds, where)
     axes = tuple(_axis(a, i, where) for i, a in enumerate(spec.all_axes(where)))
+    _check_one_axis_per_key(axes, overrides, where)
     out = Path(spec.study.out) if spec.study.out else Path("studies") / name
     runs = _expand(base, axes, seeds, out, where)
     study = Study(name, path, out, spec.study.ranks_per_run, seeds, axes, runs, spec.study.baseline,
@@ -313,6 +314,32 @@ def _axis(a: Axis, i: int, where: str) -> AxisPlan:
     role = a.role or ("problem" if all(k.startswith("problem.") for k in keys) else "config")
     levels = tuple(Level(lab, row + extra.get(lab, ())) for lab, row in zip(labels, rows))
     return AxisPlan(keys, role, levels)
+
+
+def _check_one_axis_per_key(axes: tuple[AxisPlan, ...], overrides: Sequence[str], where: str) -> None:
+    """A key is set by one axis at most, and not by --set on the base as well: otherwise the
+    later silently wins, and runs labelled "cso" and "de" could both run what the last one set.
+    (The [axes] and [zip] shorthands are axes too, numbered first.)"""
+    setters: dict[str, list[int]] = {}
+    for i, axis in enumerate(axes):
+        keys = {k for lv in axis.levels for k, _ in lv.keys} | set(axis.keys)
+        for key in keys:
+            setters.setdefault(key, []).append(i)
+    for key, at in setters.items():
+        if len(at) > 1:
+            raise ConfigError(f"{where}: '{key}' is set by axes {' and '.join(str(i + 1) for i in at)}: one axis per "
+                              "key (a zipped axis moves keys together; a set table adds a key to one axis's values)",
+                              f"axis[{at[1]}]")
+    for o in overrides:
+        key = o.split("=", 1)[0].strip()
+        if not key.startswith("base."):
+            continue
+        key = key[len("base."):]
+        hit = [k for k in setters if k == key or k.startswith(key + ".") or key.startswith(k + ".")]
+        if hit:
+            raise ConfigError(f"{where}: --set {key!r} on the base, but axis {setters[hit[0]][0] + 1} sets "
+                              f"'{hit[0]}' for every run: the axis would win. Change the axis's values instead",
+                              f"axis[{setters[hit[0]][0]}]")
 
 
 def _check_key(key: str, at: str, i: int) -> None:
