@@ -70,6 +70,7 @@ a time: concurrent writers would interleave their blocks, as two COCO observers 
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -353,7 +354,7 @@ class BBOBLogger:
         if self.evaluations == 0:
             return  # COCO creates no file for a problem never evaluated
         n, best = self.evaluations, self._best
-        with open(self.info_path, "a", encoding="utf-8") as fh:
+        with _append_to(self.info_path) as fh:
             fh.write(":%d|%.1e" % (n, best - self.fopt))
         for last, ext in ((self._last_dat, ".dat"), (self._last_tdat, ".tdat")):
             if last != n:
@@ -452,7 +453,7 @@ class BBOBLogger:
                     raise CocoFilesChanged(f"{path} holds output of another run written after the state was taken")
                 cuts.append((path, size))
         for path, size in cuts:
-            os.truncate(path, size)
+            _truncate(path, size)
 
     def _rewind_unstarted(self, info_size: int | None) -> None:
         """Undo a start (first evaluation) made after a state taken before it: the .info text it
@@ -494,11 +495,11 @@ class BBOBLogger:
             if start == 0:
                 data.unlink()  # the run created it: gone, so the same unique name is chosen again
             else:
-                os.truncate(data, start)
+                _truncate(data, start)
         if info_size is None:
             path.unlink()
         else:
-            os.truncate(path, info_size)
+            _truncate(path, info_size)
 
     # --- the logic of logger_bbob.c -----------------------------------------------------------
 
@@ -506,6 +507,9 @@ class BBOBLogger:
         """logger_bbob_initialize: choose the .info line and .dat file, write the headers."""
         s, f, d = self._settings, self.function, self.dim
         (s.folder / f"data_f{f}").mkdir(parents=True, exist_ok=True)
+        if (s.folder / f"data_f{f}").is_symlink():
+            raise UsageError(f"{s.folder / f'data_f{f}'} is a symbolic link: COCO data is never written through a "
+                             "link (it would land outside the folder); remove it")
         base = f"data_f{f}/{_PREFIX}_f{f}_DIM{d}"
         if self._observer is not None:
             new_line, current = self._observer._new_line(f, d)
@@ -524,7 +528,7 @@ class BBOBLogger:
                 self._observer._last = (f, d, current)
         self._dat_base = current
         exists = self.info_path.exists()
-        with open(self.info_path, "a", encoding="utf-8") as fh:
+        with _append_to(self.info_path) as fh:
             if new_line:
                 fh.write(("\n" if exists else "")
                          + f"suite = '{s.suite}', funcId = {f}, DIM = {d}, Precision = {_PRECISION:.3e}, "
@@ -603,8 +607,44 @@ class BBOBLogger:
     def _append(self, ext: str, lines: list[str]) -> None:
         # Opened per block rather than held: nothing to leak when a run drops its logger, and
         # each block is on disk when observe returns (COCO flushes every line).
-        with open(self.folder / (str(self._dat_base) + ext), "a", encoding="utf-8") as fh:
+        with _append_to(self.folder / (str(self._dat_base) + ext)) as fh:
             fh.write("".join(lines))
+
+
+def _append_to(path: Path):
+    """``path`` opened to append, never through a symbolic link planted in its place or in the
+    place of its data_f* folder."""
+    _no_linked_folder(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise _refused(path, e) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _truncate(path: Path, size: int) -> None:
+    _no_linked_folder(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise _refused(path, e) from None
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _no_linked_folder(path: Path) -> None:
+    if path.parent.name.startswith("data_f") and path.parent.is_symlink():
+        raise UsageError(f"{path.parent} is a symbolic link: COCO data is never written through a link (it "
+                         "would land outside the folder); remove it")
+
+
+def _refused(path: Path, e: OSError) -> Exception:
+    if e.errno == errno.ELOOP:
+        return UsageError(f"{path} is a symbolic link: COCO data is never written through a link (it would "
+                          "land outside the folder); remove it")
+    return e
 
 
 class BBOBObserver:

@@ -146,6 +146,32 @@ def test_a_resumed_run_continues_its_coco_files(ctx, shared_tmp):
 
 # -- one process ---------------------------------------------------------------------------------
 @pytest.mark.single_process
+@pytest.mark.parametrize("planted", ["coco", "coco/data_f21", "coco/bbobexp_f21.info", "coco/file"])
+def test_no_coco_data_is_written_through_a_link_planted_in_the_run(tmp_path, planted):
+    """A link in the run directory's coco/ (the folder, its data folder, its .info file), planted
+    before a resume, stops the run with one message; nothing lands where it points. coco/ as a
+    file is one message too."""
+    cfg = config(tmp_path / "run", generations=14)
+    cfg["checkpoint"] = {"every": 0, "final": True}
+    hpcevo.run(cfg, quiet=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "run" / planted.replace("/file", "")
+    if planted.endswith("/file"):
+        shutil.rmtree(target)
+        target.write_text("not a folder")
+    else:
+        os.rename(target, outside / target.name)
+        os.symlink(outside / target.name, target)
+    before = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    cfg["run"]["generations"] = 30
+    with pytest.raises(hpcevo.UsageError, match="symbolic link|not a folder") as e:
+        hpcevo.run(cfg, quiet=True, resume=True)
+    assert "never" in str(e.value) and "link" in str(e.value)
+    assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.single_process
 def test_a_copied_or_moved_run_continues_its_own_coco_files(tmp_path):
     """The logger's state names the folder it wrote; a copy resumes into its own coco/ (the
     original's files untouched), and a moved run resumes at all (its old folder is gone)."""

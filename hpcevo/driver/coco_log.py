@@ -60,6 +60,11 @@ class CocoLog:
         """A new logger (a fresh run), or the one the checkpoint of ``resumed_at`` left."""
         with collective_stage(self.ctx):
             if self.ctx.is_root:
+                if self.folder.is_symlink() or (self.folder.exists() and not self.folder.is_dir()):
+                    what = "a symbolic link" if self.folder.is_symlink() else "not a folder"
+                    raise UsageError(f"log.coco: '{self.folder}' is {what}: a run writes its COCO data into a coco/ "
+                                     "folder of its own, never through a link (it would land outside the run "
+                                     "directory); remove it")
                 if resumed_at is None:
                     self.logger = self._new()
                 else:
