@@ -142,3 +142,33 @@ def test_one_axis_per_key_still_allows_what_studies_do():
     s = hpcevo.load_study(_with(axis=[NAME, {"key": "problem.dim", "values": [3, 4]}]),
                           ["base.run.generations=5", "study.seeds=2"])
     assert len(s.runs) == 8 and {r.config().algorithm.name for r in s.runs} == {"cso", "de"}
+
+
+# -- no write through a link planted in a study's folders --------------------------------------------
+@pytest.mark.single_process
+def test_a_study_writes_nothing_through_a_link_planted_in_its_folders(tmp_path):
+    from hpcevo.studies.report import report
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "runs").symlink_to(outside)
+    with pytest.raises(UsageError, match="'runs' is a symbolic link.*never through a link"):
+        hpcevo.study(spec(out), quiet=True)
+    assert list(outside.iterdir()) == []
+    (out / "runs").unlink()
+    cfg = spec(out, problem={"name": "bbob", "function": 1, "instance": 1, "dim": 2}, log={"coco": True})
+    study = hpcevo.load_study(cfg)
+    assert hpcevo.study(study, quiet=True).status == "complete"
+    for planted in ("report", "report/coco", "report/coco/pso"):
+        link = out / planted
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(outside)
+        with pytest.raises(UsageError, match="symbolic link.*never written through a link"):
+            report(study)
+        assert list(outside.iterdir()) == []
+        link.unlink()
+    assert (out / "report" / "coco" / "pso").is_dir() is False
+    report(study)
+    assert len(list((out / "report" / "coco" / "pso").iterdir())) == 2  # each run's data, copied

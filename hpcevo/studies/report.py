@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,9 @@ def report(study: Study, output: str | Path | None = None, *, baseline: str | No
     rows = _rows(runs, configs, problems, base, targets)
     overall = _overall(rows, configs, problems, base)
     out = Path(output) if output else study.out / "report"
+    # The study's own folders are written, never a link planted in their place (an -o the user
+    # names may be a link: that is their choice).
+    _not_a_link(*(() if output else (out,)), out / "coco", *(out / "coco" / c for c in configs))
     out.mkdir(parents=True, exist_ok=True)
     text = _markdown(study, rows, overall, configs, problems, base, targets)
     files = [out / "table.md", out / "table.csv", out / "stats.json"]
@@ -133,6 +137,14 @@ def report(study: Study, output: str | Path | None = None, *, baseline: str | No
     files += _figures(runs, configs, problems, out, study.name)
     files += coco_folders(study, runs, out / "coco")
     return Report(text, rows, overall, files)
+
+
+def _not_a_link(*paths: Path) -> None:
+    for path in paths:
+        if path.is_symlink():
+            raise UsageError(f"'{path}' is a symbolic link (to {os.readlink(path)}): a study's report is never "
+                             "written through a link planted in its folders (it would land outside them); remove "
+                             "it, or name another folder with -o")
 
 
 def coco_folders(study: Study, runs: list[RunData], out: Path) -> list[Path]:

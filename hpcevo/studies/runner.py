@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -192,6 +193,11 @@ class _Launch:
         study, o = self.study, self.options
         if o.resume and o.overwrite:
             raise UsageError(f"{rundir.option('overwrite')} and {rundir.option('resume')} exclude each other")
+        runs_dir = study.out / "runs"
+        if runs_dir.is_symlink():
+            raise UsageError(f"study directory '{study.out}': 'runs' is a symbolic link (to {os.readlink(runs_dir)}): "
+                             "a study writes its runs into its own runs/ folder, never through a link planted "
+                             "there (they would land outside the study); remove it")
         found = states(study)
         mine = {r.index for r in self.mine}
         here = [s for s in found if s.run.index in mine]
