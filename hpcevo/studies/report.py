@@ -16,6 +16,14 @@ Figures: the best so far against evaluations (median and quartile band per confi
 panel per problem); the empirical runtime distribution (the share of run-target pairs reached
 against evaluations, over all problems, 51 targets per problem as COCO does); box plots of the
 final bests. Lower is better throughout (multi-objective runs: the final IGD).
+
+BBOB runs are judged as COCO judges them: every value is the precision f - f_opt (the
+instance's optimum is known), a problem is a function in a dimension and its instances are the
+repeats (so the instances of f1 in 5-D are one problem's n runs, not n problems of one run
+each), success and ERT are at the target precision (default COCO's final 1e-8) with the exact
+evaluation counts of the run's own COCO data where it wrote some (``log.coco``), and the runtime
+distribution uses COCO's 51 targets 1e2 .. 1e-8 (Hansen et al., "COCO: Performance assessment",
+2016/2021). The numbers agree with ``cocopp``'s on the same runs (tests/test_study_bbob.py).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ from .spec import Study
 
 ALPHA = 0.05
 TARGETS = 51  # per problem, as COCO's runtime distributions use
+COCO_TARGETS = np.logspace(2, -8, TARGETS)  # precisions f - f_opt: COCO's bbob targets
+COCO_FINAL_TARGET = 1e-8
 
 
 @dataclasses.dataclass
@@ -46,8 +56,9 @@ class RunData:
     configuration: str
     problem: str
     final: float  # the final best (minimised)
-    evals: np.ndarray  # evaluations after each generation
-    best: np.ndarray  # the best so far after each generation
+    evals: np.ndarray  # evaluations after each generation (BBOB with COCO data: at each improvement)
+    best: np.ndarray  # the best so far after each generation (BBOB: its precision f - f_opt)
+    bbob: bool = False  # values are precisions f - f_opt; problem = function and dimension
 
 
 @dataclasses.dataclass
@@ -87,12 +98,16 @@ def ert(runs: list[RunData], target: float) -> tuple[float, int]:
 
 
 def load_runs(study: Study) -> list[RunData]:
-    """The done runs' final bests and histories."""
+    """The done runs' final bests and histories (BBOB runs: as precisions, ``_bbob_run``)."""
     from ..tools.inspection import history_of
 
     out = []
     for s in states(study):
         if s.state != "done" or s.summary is None:
+            continue
+        bbob = _bbob_run(s.run, s.summary)
+        if bbob is not None:
+            out.append(bbob)
             continue
         hist, evals, _, kind = history_of(s.run.out)
         if kind == "multi-objective":
@@ -106,6 +121,34 @@ def load_runs(study: Study) -> list[RunData]:
     return out
 
 
+def _bbob_run(run, summary: dict[str, Any]) -> RunData | None:
+    """A BBOB run as COCO sees it, or None for other problems: its problem "f<function>-d<dim>"
+    (instances are repeats), its best so far as f - f_opt, at the exact evaluations of its COCO
+    data when it has some, else at the generations its history records."""
+    from ..problems.bbob import _fopt
+    from ..tools.inspection import history_of
+
+    p = run.data.get("problem", {})
+    if not isinstance(p, dict) or p.get("name") != "bbob":
+        return None
+    function, instance, dim = int(p.get("function", 1)), int(p.get("instance", 1)), int(p["dim"])
+    fopt = _fopt(function, instance)
+    evals = best = None
+    dats = sorted((Path(run.out) / "coco" / f"data_f{function}").glob(f"bbobexp_f{function}_DIM{dim}*.dat"))
+    if dats:
+        rows = [line.split() for line in dats[-1].read_text().splitlines() if line and not line.startswith("%")]
+        if rows:
+            evals = np.asarray([float(r[0]) for r in rows])
+            best = np.fmin.accumulate(np.asarray([float(r[2]) for r in rows]))
+    if evals is None:
+        hist, evals, _, _ = history_of(run.out)
+        best = np.asarray(hist["best"], float) - fopt
+        evals = np.asarray(evals, float)
+    final = float(summary.get("best_fitness", math.nan)) - fopt if summary.get("best_fitness") is not None else (
+        float(best[-1]) if best.size else math.nan)
+    return RunData(run.name, run.configuration, f"f{function}-d{dim}", final, evals, best, bbob=True)
+
+
 def report(study: Study, output: str | Path | None = None, *, baseline: str | None = None,
            target: float | None = None) -> Report:
     """Compute the statistics of ``study``'s done runs; write table.md, table.csv, stats.json and
@@ -115,12 +158,15 @@ def report(study: Study, output: str | Path | None = None, *, baseline: str | No
         raise UsageError(f"study {study.name}: no run is done yet in '{study.out}' (hpcevo study status shows "
                          "where the runs stand)")
     configs = [c for c in study.configurations if any(r.configuration == c for r in runs)]
-    problems = [p for p in study.problems if any(r.problem == p for r in runs)]
+    problems = list(dict.fromkeys(r.problem for r in runs))  # (BBOB: function x dimension, not the labels)
     base = baseline or study.baseline or configs[0]
     if base not in configs:
         raise UsageError(f"--baseline {base!r}: no done run has this configuration (configurations: "
                          f"{', '.join(configs)})")
-    targets = {p: target if target is not None else study.target_for(p) for p in problems}
+    bbob = {r.problem for r in runs if r.bbob}
+    targets = {p: target if target is not None else (
+        study.targets.get(p, study.target if study.target is not None else COCO_FINAL_TARGET) if p in bbob
+        else study.target_for(p)) for p in problems}
     rows = _rows(runs, configs, problems, base, targets)
     overall = _overall(rows, configs, problems, base)
     out = Path(output) if output else study.out / "report"
@@ -128,7 +174,7 @@ def report(study: Study, output: str | Path | None = None, *, baseline: str | No
     # names may be a link: that is their choice).
     _not_a_link(*(() if output else (out,)), out / "coco", *(out / "coco" / c for c in configs))
     out.mkdir(parents=True, exist_ok=True)
-    text = _markdown(study, rows, overall, configs, problems, base, targets)
+    text = _markdown(study, rows, overall, configs, problems, base, targets, bbob)
     files = [out / "table.md", out / "table.csv", out / "stats.json"]
     write_new(files[0], text + "\n")
     write_new(files[1], _csv(rows))
@@ -248,8 +294,10 @@ def _count(v: Any) -> str:
     return _fmt(v)
 
 
-def _markdown(study: Study, rows, overall, configs, problems, base, targets) -> str:
-    lines = [f"# Study {study.name}: final best fitness (lower is better)", "",
+def _markdown(study: Study, rows, overall, configs, problems, base, targets, bbob=frozenset()) -> str:
+    what = "final precision f - f_opt (BBOB: COCO's problems, function x dimension; instances are the runs)" if (
+        bbob and set(problems) <= bbob) else "final best fitness"
+    lines = [f"# Study {study.name}: {what} (lower is better)", "",
              f"Baseline: **{base}**. Evaluations: the median a run used. Tests: two-sided Wilcoxon rank-sum "
              f"against the baseline on each problem, Holm-corrected over {sum('p' in r for r in rows)} comparisons; "
              f"better/worse at alpha = {ALPHA}. ERT: expected evaluations to reach the target.", ""]
@@ -336,28 +384,38 @@ def _log_if_decades(ax, values: np.ndarray) -> None:
 
 
 def _convergence(plt, runs, configs, problems, colors, name):
-    fig, axes = _grid(plt, len(problems), f"{name}: best so far (median and quartiles over seeds)")
+    fig, axes = _grid(plt, len(problems), f"{name}: best so far (median and quartiles over the runs)")
     for ax, p in zip(axes, problems):
         shown = []
         for c in configs:
             mine = [r for r in runs if r.problem == p and r.configuration == c]
             if not mine:
                 continue
-            n = max(len(r.best) for r in mine)
-            curves = np.vstack([np.pad(r.best, (0, n - len(r.best)), mode="edge") for r in mine])
-            evals = max(mine, key=lambda r: len(r.evals)).evals
+            if any(r.bbob for r in mine):  # (steps at each run's own improvements: one grid for all)
+                evals = np.unique(np.concatenate([r.evals for r in mine]))
+                curves = np.vstack([_step_at(r, evals) for r in mine])
+            else:
+                n = max(len(r.best) for r in mine)
+                curves = np.vstack([np.pad(r.best, (0, n - len(r.best)), mode="edge") for r in mine])
+                evals = max(mine, key=lambda r: len(r.evals)).evals
             q1, med, q3 = np.nanpercentile(curves, [25, 50, 75], axis=0)
             ax.plot(evals, med, color=colors[c], label=f"{c} (n={len(mine)})", lw=1.6)
             ax.fill_between(evals, q1, q3, color=colors[c], alpha=0.2, lw=0)
             shown.append(curves)
         ax.set_title(p)
         ax.set_xlabel("evaluations")
-        ax.set_ylabel("best so far")
+        ax.set_ylabel("best f - f_opt so far" if any(r.bbob for r in runs if r.problem == p) else "best so far")
         if shown:
             _log_if_decades(ax, np.concatenate([s.ravel() for s in shown]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return fig
+
+
+def _step_at(r: RunData, evals: np.ndarray) -> np.ndarray:
+    """The run's best so far at ``evals`` (NaN before its first value; its last value after its end)."""
+    i = np.searchsorted(r.evals, evals, side="right") - 1
+    return np.where(i >= 0, r.best[np.clip(i, 0, None)], np.nan)
 
 
 def problem_targets(runs: list[RunData]) -> np.ndarray:
@@ -372,7 +430,9 @@ def problem_targets(runs: list[RunData]) -> np.ndarray:
 
 def _ecdf(plt, runs, configs, problems, colors, name):
     fig, ax = plt.subplots(figsize=(7.5, 4.6), constrained_layout=True)
-    targets = {p: problem_targets([r for r in runs if r.problem == p]) for p in problems}
+    bbob = {r.problem for r in runs if r.bbob}
+    targets = {p: COCO_TARGETS if p in bbob else problem_targets([r for r in runs if r.problem == p])
+               for p in problems}
     top = max(float(r.evals[-1]) for r in runs if r.evals.size)
     low = min(float(r.evals[0]) for r in runs if r.evals.size)
     grid = np.logspace(math.log10(max(low / 2, 1.0)), math.log10(max(top, 2 * low, 10.0)), 200)
@@ -421,7 +481,7 @@ def _boxes(plt, runs, configs, problems, colors, name):
             ax.scatter(np.full(len(x), i) + np.linspace(-0.12, 0.12, len(x)), x, s=8, color="k", alpha=0.6,
                        zorder=3)
         ax.set_title(p)
-        ax.set_ylabel("final best")
+        ax.set_ylabel("final f - f_opt" if any(r.bbob for r in runs if r.problem == p) else "final best")
         _log_if_decades(ax, np.concatenate([np.asarray(x, float) for x in data]))
         ax.grid(alpha=0.3, axis="y")
     return fig
