@@ -241,3 +241,41 @@ def test_fault_settings_are_checked_and_free_on_resume(tmp_path):
     with pytest.raises(ConfigError, match="fault.slowdown"):
         load_config({"run": {"name": "x"}, "algorithm": {"name": "cso"}, "problem": {"name": "sphere", "dim": 2},
                      "fault": {"slowdown": 1.5}})
+
+
+@pytest.mark.launcher
+def test_a_rank_that_stops_in_a_study_of_one_rank_groups_ends_the_job_not_a_hang(tmp_path):
+    """ranks_per_run = 1: no rank runs beside the one that stops, so no run's watchdog sees it;
+    the other groups finish their runs and wait for it. The job's watchdog names it once it has
+    been silent for longer than a checkpoint may take (fault.checkpoint_seconds, 4 s here),
+    and ends the job with 76. (It used to wait forever.)"""
+    study = tmp_path / "s.toml"
+    study.write_text(f"""[study]
+seeds = 6
+ranks_per_run = 1
+out = "{tmp_path / 's'}"
+[base]
+run.generations = 30
+algorithm.name = "cso"
+algorithm.pop_size = 16
+problem.name = "{PROBLEMS}:slowing"
+problem.host = true
+problem.dim = 4
+problem.lb = -5.0
+problem.ub = 5.0
+fault.min_seconds = 2.0
+fault.checkpoint_seconds = 4.0
+fault.heartbeat_seconds = 0.5
+""")
+    env = {**clean_env(), "WD_STALL": "1:5:stop", "HPCEVO_EXIT_FILE": str(tmp_path / "exit"), "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "hpcevo", "study", "run", str(study)],
+                       capture_output=True, text=True, env=env, timeout=240)
+    ended = time.time()
+    assert r.returncode == 76, (r.returncode, r.stderr[-3000:])
+    took = ended - stall_time(r.stdout)
+    assert took < 60, took
+    (line,) = [ln for ln in r.stderr.splitlines() if "watchdog on rank 0" in ln]
+    assert "a rank sent no heartbeat for more than 4 s (fault.checkpoint_seconds" in line, line
+    assert ": rank 1 on " in line and "Traceback" not in r.stderr
+    assert (tmp_path / "exit").read_text() == "76\n"
+    print(f"\nstudy of one-rank groups, rank 1 stopped: the job ended {took:.1f} s later")

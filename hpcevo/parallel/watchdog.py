@@ -56,6 +56,7 @@ class Phase:
     why: str  # where the limit comes from, for the message
     start: float  # the clock's reading when it was armed
     open: bool = False  # no limit of its own: ends the job only when a whole host is silent
+    rank_limit: float | None = None  # (open) or when one rank has been silent this long
 
 
 class Watchdog:
@@ -76,6 +77,7 @@ class Watchdog:
         self._listeners: list[tuple[str, int]] = []  # where this rank sends its heartbeats
         self.heard: dict[int, float] = {}  # rank -> the clock when its last heartbeat came (listeners)
         self.deputy: int | None = None
+        self._rank_why = ""  # (arm_open's rank_silence: where it comes from)
 
     @classmethod
     def start(cls, ctx: ParallelContext, **kwargs: Any) -> "Watchdog":
@@ -94,13 +96,18 @@ class Watchdog:
         with self._lock:
             self._phase = Phase(name, float(limit), why, self.clock())
 
-    def arm_open(self, name: str, silence: float, why: str) -> None:
+    def arm_open(self, name: str, silence: float, why: str, rank_silence: float | None = None,
+                 rank_why: str = "") -> None:
         """From now the run is in phase ``name``, which may last as long as it must (waiting for
-        other ranks' work of any length): the listeners end the job only when every rank of a
-        host has sent no heartbeat for ``silence`` seconds (a lost node; one rank alone may be
-        in a long call that holds the GIL). The other ranks wait for them."""
+        other ranks' work of any length): the listeners end the job when every rank of a host
+        has sent no heartbeat for ``silence`` seconds (a lost node), or, given ``rank_silence``,
+        when one rank has sent none for that long (a stopped or hung process: one rank alone
+        may be in a call that holds the GIL, so this limit is the longest such call may take).
+        The other ranks wait for them."""
         with self._lock:
-            self._phase = Phase(name, float(silence), why, self.clock(), open=True)
+            self._phase = Phase(name, float(silence), why, self.clock(), open=True,
+                                rank_limit=None if rank_silence is None else float(rank_silence))
+            self._rank_why = rank_why
 
     def disarm(self) -> None:
         with self._lock:
@@ -138,7 +145,8 @@ class Watchdog:
 
         hosts = self._hosts
         others = [r for r in range(self.ctx.size) if hosts[r] != hosts[0]]
-        self.deputy = others[0] if others else None
+        # (on one host, rank 1: someone must speak where rank 0 itself stopped)
+        self.deputy = others[0] if others else (1 if self.ctx.size > 1 else None)
         port = 0
         try:
             self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -219,6 +227,8 @@ class Watchdog:
                 elapsed = self.clock() - phase.start
                 if phase.open:
                     lost = self.lost_hosts(self.silent(limit=phase.limit))
+                    if phase.rank_limit is not None and not lost:
+                        lost = [str(r) for r in self.silent(limit=phase.rank_limit)]
                     over = bool(lost) and self.speaks()
                 else:
                     over = elapsed > phase.limit
@@ -238,7 +248,11 @@ class Watchdog:
         silent = self.silent()
         lost = self.lost_hosts(silent)
         me = f"rank {self.ctx.rank} ({self.ctx.host})"
-        if phase.open:
+        if phase.open and not lost and phase.rank_limit is not None:
+            text = (f"watchdog on {me}: during {phase.name} ({elapsed:.1f} s so far), a rank sent no heartbeat for "
+                    f"more than {phase.rank_limit:g} s ({self._rank_why or 'the limit'}): stopped "
+                    "or hung.")
+        elif phase.open:
             text = (f"watchdog on {me}: during {phase.name} ({elapsed:.1f} s so far), every rank of a host sent no "
                     f"heartbeat for more than {phase.limit:g} s ({phase.why}).")
         else:

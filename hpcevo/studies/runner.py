@@ -144,7 +144,12 @@ class _Launch:
     def _waiting(self, what: str) -> None:
         """The job's watchdog armed while this rank waits for others' work, of any length."""
         if self.dog is not None and self.fault is not None:
-            self.dog.arm_open(f"the study, {what}", self.fault.min_seconds, "fault.min_seconds")
+            # One rank silent for longer than a checkpoint may take (the longest call that holds
+            # the GIL, stopping its heartbeats) is stopped or hung: with groups of one rank no
+            # other rank runs beside it to notice, and the groups would wait for it forever.
+            self.dog.arm_open(f"the study, {what}", self.fault.min_seconds, "fault.min_seconds",
+                              rank_silence=max(self.fault.min_seconds, self.fault.checkpoint_seconds),
+                              rank_why="fault.checkpoint_seconds, the longest a rank may be silent in a checkpoint")
 
     def _take_runs(self, ctx: ParallelContext, queue: WorkQueue, flag: StopSource, deadline) -> None:
         outcome: dict[str, Any] | None = None
