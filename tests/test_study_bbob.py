@@ -115,3 +115,25 @@ def test_the_figures_are_written(done):
     for p in rep.files:
         if p.suffix == ".png":
             assert p.stat().st_size > 10_000
+
+
+def test_progress_lines_summary_and_journal_say_f_minus_f_opt(tmp_path, capsys):
+    """What a user reads while a BBOB study runs is the precision too, beside the raw value."""
+    spec = study_spec(tmp_path / "s")
+    spec["axis"] = [{"key": "problem.instance", "values": [1, 2]}]
+    spec["base"]["problem"].update(function=21, dim=2)
+    spec["base"]["run"].update(evaluations=100)
+    study = hpcevo.load_study(spec)
+    result = hpcevo.study(study)
+    out = capsys.readouterr().out
+    for run in study.runs:
+        summary = json.loads((run.out / "summary.json").read_text())
+        precision = summary["best_fitness"] - _fopt(21, run.data["problem"]["instance"])
+        assert summary["best_precision"] == pytest.approx(precision, rel=1e-12)
+        (line,) = [ln for ln in out.splitlines() if run.name in ln and "f-f_opt" in ln]
+        assert f"f-f_opt {precision:.2e}" in line
+    events = [json.loads(ln) for ln in (tmp_path / "s" / "journal.jsonl").read_text().splitlines()]
+    assert sorted(e["best_precision"] for e in events if e.get("event") == "end") == sorted(
+        r["best_precision"] for r in result.ran)
+    r = hpcevo.run(study.runs[0].config(), overwrite=True)
+    assert "f-f_opt" in capsys.readouterr().out and r.summary["best_precision"] >= 0

@@ -389,7 +389,7 @@ class Run:
         self.t_prev, self.gen_prev, self.evals_prev = now, gen, evals
         with collective_stage(self.ctx, convert=self.rundir.unwritable):
             metrics.write(rec)
-            self.report.boundary(rec, self.loop.engine.recorder.progress(rec))
+            self.report.boundary(rec, self.loop.engine.recorder.progress(rec) + self._precision(rec.get("best")))
             for text in self.loop.detail_lines(rec):
                 self.report.line(text, progress=True)
         if not self.hooks:
@@ -400,6 +400,19 @@ class Run:
             if self.ctx.is_root:
                 reason = self.hooks.reason(dict(rec), self.loop)
         return bcast_from_root(self.ctx, reason) if self.hooks.criteria else None
+
+    def _best_precision(self, outcome: dict[str, Any]) -> dict[str, float]:
+        """BBOB: the best's precision f - f_opt, what COCO's targets are about (summary.json)."""
+        fopt = getattr(self.parts.problem, "fopt", None)
+        best = outcome.get("best_fitness")
+        return {} if fopt is None or best is None else {"best_precision": float(best) - float(fopt)}
+
+    def _precision(self, best: Any) -> str:
+        """BBOB (an instance's f_opt is known): what COCO judges, f - f_opt, beside the raw best."""
+        fopt = getattr(self.parts.problem, "fopt", None)
+        if fopt is None or not isinstance(best, (int, float)):
+            return ""
+        return f"  f-f_opt {best - fopt:.3e}"
 
     def write_checkpoint(self, gen: int) -> float:
         t = time.perf_counter()
@@ -456,6 +469,8 @@ class Run:
                       f"fresh evaluations of the best; as seen: {summary['best_fitness_seen']:.10e})")
         elif "best_fitness" in summary:
             result = f"best fitness {summary['best_fitness']:.10e}"
+            if "best_precision" in summary:
+                result += f" (f - f_opt {summary['best_precision']:.3e})"
         else:
             hv = summary["hypervolume"]
             result = f"front of {summary['front_size']}" + ("" if hv is None else f", hypervolume {hv:.10e}")
@@ -473,6 +488,7 @@ class Run:
             "dim": loop.problem.dim, "pop_size": loop.algorithm.pop_size, "seed": cfg.run.seed,
             "dtype": cfg.run.dtype,
             **outcome,  # best fitness and solution; or the front, its hypervolume and IGD
+            **self._best_precision(outcome),
             "generations": loop.generation, "evaluations": loop.evaluations, **counts,
             "batch_size_exact": self.parts.exact, "resumed_from": start or None,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,

@@ -187,7 +187,8 @@ class _Launch:
             return {**base, "status": "failed", "error": str(e), "wall_s": time.time() - t}
         out = {**base, "status": summary["status"], "generations": summary["generations"],
                "evaluations": summary["evaluations"], "best_fitness": summary.get("best_fitness"),
-               "state_digest": summary["state_digest"], "wall_s": time.time() - t}
+               "state_digest": summary["state_digest"], "wall_s": time.time() - t,
+               **({"best_precision": summary["best_precision"]} if "best_precision" in summary else {})}
         if summary["status"] == "stopped":
             out["halt"] = summary.get("stopped_by") or "a stop request"
         return out
@@ -301,6 +302,8 @@ class _Launch:
             return f"{head}: {str(r.get('error', '')).splitlines()[0] if r.get('error') else ''}"
         best = r.get("best_fitness")
         value = f"best {best:.4e}" if isinstance(best, (int, float)) else "multi-objective"
+        if isinstance(r.get("best_precision"), (int, float)):  # (BBOB: what COCO's targets are about)
+            value += f"  f-f_opt {r['best_precision']:.2e}"
         return f"{head}  {value}  gen {r.get('generations')}  {r['wall_s']:.1f} s  (group {r['group']})"
 
     def _banner(self, n: int, groups) -> str:
