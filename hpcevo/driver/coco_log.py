@@ -83,7 +83,14 @@ class CocoLog:
                              "continue its COCO files from a checkpoint written with log.coco = true. Start "
                              "it again (--overwrite), or resume with log.coco = false")
         # (the folder the state names is where the run was: a copied or moved run writes its own)
-        return BBOBLogger.from_state(json.loads(path.read_text()), folder=self.folder)
+        try:
+            state = json.loads(path.read_text())
+            return BBOBLogger.from_state(state, folder=self.folder)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise UsageError(f"log.coco: the COCO logger state for the checkpoint of generation {generation} "
+                             f"({path}) is damaged ({type(e).__name__}: {e}): the run's COCO data cannot be "
+                             "continued from it. Start the run again (--overwrite), or resume with log.coco = "
+                             "false") from None
 
     def flush(self) -> None:
         """Write what was observed since the last flush (collective)."""

@@ -122,6 +122,8 @@ class DirLock:
 
     @classmethod
     def take(cls, folder: Path, what: str, name: str = LOCK) -> "DirLock":
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UsageError(f"{what} is a file, not a folder: name a directory (a new one is made)")
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:

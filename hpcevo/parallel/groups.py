@@ -92,6 +92,9 @@ def split(ctx: ParallelContext, ranks_per_group: int) -> Groups:
     same context the same way again gives the same groups."""
     from .control import agreed
 
+    if not isinstance(ctx, ParallelContext):  # (before anything asks it for its size)
+        raise UsageError(f"split: 'ctx' must be a ParallelContext (hpcevo.parallel.init()), got {type(ctx).__name__}")
+
     def describe() -> str:
         if isinstance(ranks_per_group, bool) or not isinstance(ranks_per_group, int) or ranks_per_group < 1:
             raise UsageError(f"split: 'ranks_per_group' must be a whole number >= 1, got {ranks_per_group!r}")

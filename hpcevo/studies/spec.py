@@ -262,11 +262,17 @@ def _seeds(spec: str | int | list[int], where: str) -> tuple[int, ...]:
     if isinstance(spec, int):
         if spec < 1:
             raise bad
+        if spec > MAX_RUNS:
+            raise ConfigError(f"{where}: 'study.seeds' = {spec}: a study holds at most {MAX_RUNS} runs; split it into "
+                              "several", "study.seeds")
         seeds = list(range(spec))
     elif isinstance(spec, str):
         m = re.fullmatch(r"\s*(\d+)\s*(?:-|\.\.)\s*(\d+)\s*", spec)
         if not m or int(m[1]) > int(m[2]):
             raise bad
+        if int(m[2]) - int(m[1]) + 1 > MAX_RUNS:  # (before a list that long is made)
+            raise ConfigError(f"{where}: 'study.seeds': {spec!r} is {int(m[2]) - int(m[1]) + 1} seeds: a study holds at "
+                              f"most {MAX_RUNS} runs; split it into several", "study.seeds")
         seeds = list(range(int(m[1]), int(m[2]) + 1))
     else:
         seeds = list(spec)

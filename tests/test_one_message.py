@@ -1,0 +1,70 @@
+"""Inputs that ended in a traceback or a raw exception now end in one hpcevo message naming them
+(exit 2 from the CLI): a run or study directory that is a file, a seed range too large to hold,
+a damaged COCO logger state on resume, ``parallel.split`` without a context."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hpcevo
+from hpcevo.errors import ConfigError, UsageError
+
+from test_overwrite import BBOB, config
+
+pytestmark = pytest.mark.single_process
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcevo", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_a_run_or_study_directory_that_is_a_file_is_one_message(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    r = cli("run", str(ROOT / "examples" / "cso.toml"), "--set", "run.out=afile", "--set", "run.generations=3",
+            cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "run directory 'afile' is a file, not a folder" in r.stderr, r.stderr
+    (tmp_path / "s.toml").write_text('[study]\nseeds = 1\nout = "afile"\n[base]\nrun.generations = 3\n'
+                                     'algorithm.name = "pso"\nproblem.name = "sphere"\nproblem.dim = 3\n')
+    r = cli("study", "run", "s.toml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "study directory 'afile' is a file, not a folder" in r.stderr, r.stderr
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("seeds", ["0..100000000000", 10**12])
+def test_a_seed_range_too_large_to_hold_is_one_message(seeds):
+    spec = {"study": {"seeds": seeds}, "base": {"run": {"generations": 3}, "algorithm": {"name": "pso"},
+                                                "problem": {"name": "sphere", "dim": 3}}}
+    with pytest.raises(ConfigError, match=r"'study.seeds'.*a study holds at most 100000 runs"):
+        hpcevo.load_study(spec)
+
+
+@pytest.mark.parametrize("text, said", [
+    ('{"format": 1, garbage', "JSONDecodeError"),
+    ('{"format": "another"}', "not a BBOBLogger state"),
+    ('{"format": "hpcevo.coco.BBOBLogger/1"}', "KeyError"),
+    ("[1, 2]", "not a BBOBLogger state"),
+])
+def test_a_damaged_coco_logger_state_on_resume_is_one_message(tmp_path, text, said):
+    cfg = config(tmp_path / "run", problem=BBOB, log={"coco": True})
+    hpcevo.run(cfg, quiet=True)
+    (tmp_path / "run" / "coco" / ".hpcevo" / "gen-000000006.json").write_text(text)
+    cfg["run"]["generations"] = 10
+    with pytest.raises(UsageError, match=f"COCO logger state for the checkpoint of generation 6 .* is damaged "
+                                         f"\\(.*{said}.*Start the run again"):
+        hpcevo.run(cfg, quiet=True, resume=True)
+
+
+def test_split_without_a_context_is_one_message():
+    from hpcevo.parallel import split
+
+    for bad in (None, "world", 3):
+        with pytest.raises(UsageError, match="split: 'ctx' must be a ParallelContext"):
+            split(bad, 2)
