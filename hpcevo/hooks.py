@@ -35,6 +35,7 @@ only when such a hook is made.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Callable, Iterable, Mapping
 
@@ -226,16 +227,23 @@ class Hooks:
     def observe(self, record: dict[str, Any], loop: Any, is_root: bool) -> None:
         for hook in self.observers:
             if is_root or getattr(hook, "hpcevo_every_rank", False):
-                hook(record, loop)
+                _called("hook", hook, record, loop)
 
     def reason(self, record: dict[str, Any], loop: Any) -> str | None:
-        """The first criterion that says stop, as the reason to report (rank 0 asks)."""
+        """The first criterion that says stop, as the reason to report (rank 0 asks). A criterion
+        answers True/False (a NumPy or JAX scalar too), or a reason (a non-empty str) or None."""
         for criterion in self.criteria:
-            said = criterion(record, loop)
+            said = _called("stop criterion", criterion, record, loop)
             if isinstance(said, str):
                 if said:
                     return said
-            elif said:
+                continue
+            if said is not None and (not hasattr(said, "__bool__") or getattr(said, "ndim", 0) != 0
+                                     or isinstance(said, (Mapping, list, tuple, set))):
+                raise UsageError(f"stop criterion {name_of(criterion)} returned {_shown(said)}: a stop criterion "
+                                 "answers True or False (or a reason, a str); for an array, say which: .any() "
+                                 "or .all()")
+            if said:
                 return name_of(criterion)
         return None
 
@@ -244,6 +252,23 @@ class Hooks:
             close = getattr(hook, "close", None)
             if callable(close):
                 close()
+
+
+def _called(what: str, fn: Hook, record: dict[str, Any], loop: Any) -> Any:
+    """``fn(record, loop)``. An exception of its own stays the user's (their type, every rank's),
+    with a note naming the hook and the generation, which its traceback alone does not say."""
+    try:
+        return fn(record, loop)
+    except UsageError:
+        raise  # (hpcevo's own message, from a call the hook made)
+    except Exception as e:
+        e.add_note(f"(raised by the {what} {name_of(fn)} at generation {record.get('generation')})")
+        raise
+
+
+def _shown(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"{type(value).__name__} of shape {tuple(shape)}" if shape is not None else type(value).__name__
 
 
 def _callables(where: str, name: str, value: Any) -> tuple[Hook, ...]:
@@ -258,4 +283,11 @@ def _callables(where: str, name: str, value: Any) -> tuple[Hook, ...]:
         if not callable(item):
             raise UsageError(f"{where}: every entry of '{name}' must be callable as f(record, loop); got "
                              f"{type(item).__name__}")
+        try:
+            inspect.signature(item).bind({}, None)
+        except TypeError:
+            raise UsageError(f"{where}: '{name}': {name_of(item)} cannot be called as f(record, loop) "
+                             f"(its signature: {inspect.signature(item)})") from None
+        except ValueError:
+            pass  # (no signature to read: a builtin; it is called and judged then)
     return tuple(items)

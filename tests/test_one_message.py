@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hpcevo
@@ -68,3 +69,40 @@ def test_split_without_a_context_is_one_message():
     for bad in (None, "world", 3):
         with pytest.raises(UsageError, match="split: 'ctx' must be a ParallelContext"):
             split(bad, 2)
+
+
+def _array(rec, loop):
+    return np.array([True, False])
+
+
+def _raises(rec, loop):
+    return 1 / 0
+
+
+def _one_argument(rec):
+    return True
+
+
+@pytest.mark.parametrize("criterion, said", [
+    (_array, r"stop criterion _array returned ndarray of shape \(2,\): a stop criterion answers True or False"),
+    (_one_argument, r"'stop_when': _one_argument cannot be called as f\(record, loop\) \(its signature: \(rec\)\)"),
+])
+def test_a_stop_criterion_that_answers_an_array_or_takes_other_arguments_is_one_message(tmp_path, criterion, said):
+    with pytest.raises(UsageError, match=said):
+        hpcevo.run(config(tmp_path / "run", log={"every": 2}), quiet=True, stop_when=[criterion])
+
+
+def test_a_stop_criterion_that_raises_keeps_its_error_and_says_which_and_when(tmp_path):
+    """The user's own exception (their type, as a hook's), with a note naming the criterion."""
+    with pytest.raises(ZeroDivisionError) as e:
+        hpcevo.run(config(tmp_path / "run", log={"every": 2}), quiet=True, stop_when=[_raises])
+    assert "(raised by the stop criterion _raises at generation 2)" in e.value.__notes__
+
+
+def test_scalars_of_numpy_and_jax_are_answers(tmp_path):
+    import jax.numpy as jnp
+
+    for i, criterion in enumerate((lambda r, loop: np.bool_(r["generation"] >= 4),
+                                   lambda r, loop: jnp.asarray(r["generation"] >= 4))):
+        result = hpcevo.run(config(tmp_path / f"r{i}", log={"every": 2}), quiet=True, stop_when=[criterion])
+        assert result.summary["generations"] == 4 and result.summary["stopped_by"] == "<lambda>"
