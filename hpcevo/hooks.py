@@ -34,6 +34,7 @@ only when such a hook is made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -224,16 +225,22 @@ class Hooks:
         """What every rank must be given alike: the names, in order."""
         return {"hooks": [name_of(h) for h in self.observers], "stop_when": [name_of(c) for c in self.criteria]}
 
-    def observe(self, record: dict[str, Any], loop: Any, is_root: bool) -> None:
+    def observe(self, record: dict[str, Any], loop: Any, is_root: bool,
+                alone: Callable[[str], Any] | None = None) -> None:
+        """Each observer on its ranks. ``alone(what)``: a context for code that runs on rank 0
+        only (the driver's ``parallel.control.rank_local``: a collective called there raises)."""
         for hook in self.observers:
-            if is_root or getattr(hook, "hpcevo_every_rank", False):
-                _called("hook", hook, record, loop)
+            every = getattr(hook, "hpcevo_every_rank", False)
+            if is_root or every:
+                with contextlib.nullcontext() if every or alone is None else alone(f"the hook {name_of(hook)}"):
+                    _called("hook", hook, record, loop)
 
-    def reason(self, record: dict[str, Any], loop: Any) -> str | None:
+    def reason(self, record: dict[str, Any], loop: Any, alone: Callable[[str], Any] | None = None) -> str | None:
         """The first criterion that says stop, as the reason to report (rank 0 asks). A criterion
         answers True/False (a NumPy or JAX scalar too), or a reason (a non-empty str) or None."""
         for criterion in self.criteria:
-            said = _called("stop criterion", criterion, record, loop)
+            with contextlib.nullcontext() if alone is None else alone(f"the stop criterion {name_of(criterion)}"):
+                said = _called("stop criterion", criterion, record, loop)
             if isinstance(said, str):
                 if said:
                     return said

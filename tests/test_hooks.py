@@ -176,3 +176,42 @@ def test_wandb_logs_each_boundary_through_its_api(tmp_path, monkeypatch):
     with pytest.raises(hpcevo.UsageError, match="pip install 'hpcevo\\[wandb\\]'"):
         WandB(project="p")
     json.dumps(calls[1][1])  # what reaches W&B is plain numbers
+
+
+@pytest.mark.ranks(1, 3)
+def test_a_collective_called_from_a_rank_0_hook_raises_at_once_with_the_cure(ctx, shared_tmp):
+    """A hook runs on rank 0 unless marked every_rank: a collective call from it (set_params,
+    evaluate) would wait for ranks that never join (the watchdog ended such a run after 30 s,
+    blaming the problem's code). It raises at once, on every rank, at any rank count."""
+    import time
+
+    def anneal(record, loop):
+        loop.set_params(phi=0.2)
+
+    def evaluates(record, loop):
+        return bool(loop.evaluate(np.zeros((2, 3))).min() < 0)
+
+    t = time.monotonic()
+    with pytest.raises(hpcevo.UsageError, match=r"is collective .* but the hook anneal runs on rank 0 alone.*"
+                                                r"hpcevo.hooks.every_rank"):
+        hpcevo.run(config(shared_tmp, "rank0-hook"), quiet=True, hooks=anneal)
+    with pytest.raises(hpcevo.UsageError, match=r"the stop criterion evaluates runs on rank 0 alone"):
+        hpcevo.run(config(shared_tmp, "rank0-criterion"), quiet=True, stop_when=evaluates, overwrite=True)
+    assert time.monotonic() - t < 60
+    # marked every_rank, the same hook is a schedule (test_a_hook_that_changes_hyper_parameters...)
+    assert hpcevo.run(config(shared_tmp, "every"), quiet=True, hooks=every_rank(anneal)).status == "complete"
+
+
+@pytest.mark.ranks(2, 3)
+def test_a_hook_that_takes_long_once_does_not_end_a_healthy_run(ctx, shared_tmp):
+    """The watchdog's boundary limit (fault.min_seconds = 1 s here) is for hpcevo's own work; a
+    rank-0 hook that takes 3 s once (an upload, a plot) is the user's, and the run goes on (it
+    used to end with 76, "stuck in the problem's code")."""
+    import time
+
+    def slow_once(record, loop):
+        if record["generation"] == 4:
+            time.sleep(3)
+
+    cfg = config(shared_tmp, "slow-hook", fault={"min_seconds": 1.0, "heartbeat_seconds": 0.5})
+    assert hpcevo.run(cfg, quiet=True, hooks=slow_once).status == "complete"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ..config import RunConfig, parse_deadline
 from ..errors import EXIT_STOPPED, CheckpointError, UsageError
 from ..hooks import Hooks
 from ..parallel import ParallelContext, bcast_from_root, collective_stage, user_code
+from ..parallel.control import rank_local
 from ..parallel.info import oversubscription
 from ..parallel.watchdog import Watchdog
 from ..provenance import versions
@@ -128,6 +129,8 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
         run = Run.start(ctx, cfg, held, options)
         try:
             run.hooks = hooks
+            run.before_hooks = lambda g: dog.arm_open(f"the hooks at generation {g}", fault.min_seconds,
+                                                      "fault.min_seconds: hooks may take as long as they need")
             G = cfg.run.generations
             dog.arm("compiling and the first generation", *limits.compile())
             run.compile()
@@ -139,6 +142,8 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
                     met = run.met()
                     if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
                         said = run.log(gen, metrics)
+                        if hooks:
+                            dog.arm(f"the boundary at generation {gen}", *limits.boundary())
                         ended = said if gen < G else None
                     ended = ended or met
                     decision = run.stop.poll(chunk)
@@ -198,6 +203,9 @@ class Run:
         self.gen_prev = self.evals_prev = self.evals_start = 0
         self.hooks = Hooks()
         self.coco: CocoLog | None = None
+        # Called before the hooks of a boundary: they are the user's code, of any length (the
+        # watchdog then watches for lost hosts only; execute re-arms the boundary after them).
+        self.before_hooks: Callable[[int], None] = lambda gen: None
 
     @classmethod
     def start(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptions) -> "Run":
@@ -394,11 +402,12 @@ class Run:
                 self.report.line(text, progress=True)
         if not self.hooks:
             return None
+        self.before_hooks(gen)
         reason = None
         with collective_stage(self.ctx), user_code(self.ctx, "a hook"):
-            self.hooks.observe(dict(rec), self.loop, self.ctx.is_root)
+            self.hooks.observe(dict(rec), self.loop, self.ctx.is_root, alone=rank_local)
             if self.ctx.is_root:
-                reason = self.hooks.reason(dict(rec), self.loop)
+                reason = self.hooks.reason(dict(rec), self.loop, alone=rank_local)
         return bcast_from_root(self.ctx, reason) if self.hooks.criteria else None
 
     def _best_precision(self, outcome: dict[str, Any]) -> dict[str, float]:

@@ -6,6 +6,7 @@ Each function is collective: every rank must call it, in the same order.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import os
 import sys
@@ -96,6 +97,31 @@ def agree_on_error(ctx: ParallelContext, error: BaseException | None, *,
     return None
 
 
+# The code running now on some ranks only (a hook, on rank 0), or None: a collective called from
+# it would wait for ranks that never join (a hang the watchdog ended 30 s later blaming "the
+# problem's code"). Thread-local, as the hook runs on the run's own thread.
+_ALONE: contextvars.ContextVar[str | None] = contextvars.ContextVar("hpcevo_alone", default=None)
+
+
+@contextlib.contextmanager
+def rank_local(what: str) -> Iterator[None]:
+    """``what`` (e.g. "the hook log_to_wandb") runs on some ranks only: a collective call inside
+    raises UsageError at once, on those ranks, instead of waiting for the others forever."""
+    token = _ALONE.set(what)
+    try:
+        yield
+    finally:
+        _ALONE.reset(token)
+
+
+def _not_alone(call: str) -> None:
+    alone = _ALONE.get()
+    if alone is not None:
+        raise UsageError(f"{call} is collective (every rank of the run makes it), but {alone} runs on rank 0 alone: "
+                         "the other ranks would never join it. Run it on every rank: hpcevo.hooks.every_rank(...) "
+                         "(then it must do the same on every rank)")
+
+
 @contextlib.contextmanager
 def collective_stage(ctx: ParallelContext, *, stranded_after: float | None = None,
                      convert: Callable[[BaseException], BaseException] | None = None,
@@ -112,6 +138,7 @@ def collective_stage(ctx: ParallelContext, *, stranded_after: float | None = Non
     there). Put a collective after the block, never inside it: a rank whose block failed early
     skips what follows in the block.
     """
+    _not_alone("a collective step")
     error: BaseException | None = None
     try:
         yield
@@ -137,6 +164,7 @@ def agreed(ctx: ParallelContext, what: str, check: Callable[[], T], canonical: C
     number of collectives, and leave the others waiting. Costs one Allreduce of 24 bytes when
     all is well; the ranks exchange more only to report what is wrong.
     """
+    _not_alone(f"the call that agrees on {what}")
     value, error = None, None
     try:
         value = check()
