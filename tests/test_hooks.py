@@ -215,3 +215,28 @@ def test_a_hook_that_takes_long_once_does_not_end_a_healthy_run(ctx, shared_tmp)
 
     cfg = config(shared_tmp, "slow-hook", fault={"min_seconds": 1.0, "heartbeat_seconds": 0.5})
     assert hpcevo.run(cfg, quiet=True, hooks=slow_once).status == "complete"
+
+
+@pytest.mark.ranks(1, 3)
+def test_a_dynamic_hyper_parameter_changes_on_resume_as_set_params_changes_it(ctx, shared_tmp):
+    """One rule: what Loop.set_params may change mid-run, `--resume --set` may change from the
+    checkpoint on, to the bits of a hook that sets it at that generation; a static one is refused
+    on resume, and the message says why."""
+    @every_rank
+    def at_4(record, loop):
+        if record["generation"] == 4:
+            loop.set_params(phi=0.25)
+
+    hooked = hpcevo.run(config(shared_tmp, "hooked"), quiet=True, hooks=at_4)
+    half = config(shared_tmp, "resumed")
+    half["run"]["generations"] = 4
+    hpcevo.run(half, quiet=True)
+    half["run"]["generations"] = 8
+    half["algorithm"]["phi"] = 0.25
+    resumed = hpcevo.run(half, quiet=True, resume=True)
+    assert resumed.summary["resumed_from"] == 4 and resumed.digest == hooked.digest
+    assert list(hpcevo.open_run(resumed.run_dir).metrics["params.phi"])[-1] == 0.25
+    half["algorithm"]["pop_size"] = 10
+    with pytest.raises(hpcevo.UsageError, match=r"algorithm.pop_size: static, it shapes the compiled program; the "
+                                                r"dynamic hyper-parameters of this algorithm, which may change: phi"):
+        hpcevo.run({**half, "run": {**half["run"], "generations": 10}}, quiet=True, resume=True)

@@ -19,6 +19,7 @@ import hpcevo
 from hpcevo.driver import build
 from hpcevo.driver.resume import FREE, is_free
 from hpcevo.errors import UsageError
+from hpcevo.hooks import every_rank
 
 pytestmark = [pytest.mark.single_process, pytest.mark.slow]
 
@@ -102,12 +103,30 @@ def set_key(data: dict, key: str, value: Any) -> dict:
     return data
 
 
+def _is_dynamic(base: dict, key: str) -> bool:
+    from hpcevo.algorithms.base import dynamic_names
+
+    cfg = hpcevo.load_config(base)
+    return key.split(".", 1)[1] in dynamic_names(build.build_algorithm(cfg, build.build_problem(cfg)))
+
+
 def run(ctx, data: dict, out: Path, **kw):
     return hpcevo.run(set_key(data, "run.out", str(out)), ctx=ctx, quiet=True, **kw)
 
 
+def _set_at_stop(key: str, value: Any):
+    """An every-rank hook that sets the dynamic hyper-parameter ``key`` at generation STOP."""
+    @every_rank
+    def hook(record, loop):
+        if record["generation"] == STOP:
+            loop.set_params(**{key.split(".", 1)[1]: value})
+    return hook
+
+
 def test_every_key_of_the_resolved_config_resumes_bitwise_or_is_refused_by_name(ctx, tmp_path):
-    refused, accepted = set(), set()
+    """(A dynamic hyper-parameter, which Loop.set_params may change mid-run, may change on resume
+    too: the continuation then equals the run in which a hook set it at the resume's generation.)"""
+    refused, accepted, dynamic = set(), set(), set()
     for label, base in bases(tmp_path).items():
         reference = run(ctx, base, tmp_path / label / "ref").digest  # the run that never stopped
         stopped = tmp_path / label / "stopped"
@@ -128,17 +147,25 @@ def test_every_key_of_the_resolved_config_resumes_bitwise_or_is_refused_by_name(
                 assert f"{key}: checkpoint has" in str(e) or key in str(e), (label, key, str(e))
                 refused.add(key)
                 continue
-            assert result.digest == reference, f"{label}: changing '{key}' on resume forked the run silently"
+            expected = reference
+            if key.startswith("algorithm.") and label != "islands" and _is_dynamic(base, key):
+                expected = run(ctx, base, tmp_path / label / f"hooked-{key}",
+                               hooks=_set_at_stop(key, data["algorithm"][key.split(".", 1)[1]])).digest
+                assert expected != reference  # (the change does change the run)
+                dynamic.add(key)
+            assert result.digest == expected, f"{label}: changing '{key}' on resume forked the run silently"
             assert result.summary["resumed_from"] == STOP or key == "run.out", (label, key)
             accepted.add(key)
     # What changes the computation is refused (a coincidence of digests would not hide it) ...
-    must_refuse = {"run.seed", "run.dtype", "algorithm.name", "algorithm.pop_size", "algorithm.phi", "problem.name",
+    must_refuse = {"run.seed", "run.dtype", "algorithm.name", "algorithm.pop_size", "problem.name",
                    "problem.dim", "problem.lb", "problem.ub", "parallel.microbatch", "evaluation.penalty",
                    "problem.host", "islands.count", "islands.migrate_every", "islands.migrants", "islands.topology",
                    "islands.emigrants", "islands.replace", "islands.island"}
     assert must_refuse <= refused, must_refuse - refused
     # ... and what was accepted is what the allow-list (named in every refusal) says may change
-    assert all(is_free(k) or k == "evaluation.batch_size" for k in accepted), accepted
+    assert all(is_free(k) or k == "evaluation.batch_size" or k in dynamic for k in accepted), accepted
+    assert {"algorithm.phi", "algorithm.F", "algorithm.CR"} <= dynamic, dynamic  # (CSO's and DE's)
+    assert "algorithm.phi" in refused  # (with [islands]: each island's own)
     assert {"log.every", "checkpoint.every", "run.name", "run.out", "evaluation.schedule",
             "evaluation.concurrency", "parallel.threads_per_rank"} <= accepted, accepted
     assert "evaluation.batch_size" in accepted  # sphere is block invariant: pieces give the same bits

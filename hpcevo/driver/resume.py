@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint
+from ..algorithms.base import dynamic_names
 from ..errors import UsageError
 from ..parallel import ParallelContext, bcast_from_root
 from ..problems.user import held_names_match
@@ -102,14 +103,34 @@ def resume_point(ctx: ParallelContext, ckdir: Path, resolved: dict[str, Any], ge
 def _load_fitting(ctx: ParallelContext, path: Path, resolved: dict[str, Any], generations: int,
                   loop: Loop, free: tuple[str, ...]) -> checkpoint.Loaded:
     header = checkpoint.read_header(ctx, path)
-    conflicts = resume_conflicts(header.config_text, resolved, free)
+    # The algorithm's dynamic hyper-parameters may change on resume as Loop.set_params changes
+    # them mid-run (one rule for both): a new value given now applies from the checkpoint's
+    # generation on; one left as it was keeps what the run had then (a hook's value included).
+    dynamic = tuple(f"algorithm.{n}" for n in dynamic_names(loop.algorithm)) if isinstance(loop, Loop) else ()
+    conflicts = resume_conflicts(header.config_text, resolved, free + dynamic)
     if conflicts:
+        static = [c.split(":")[0] for c in conflicts if c.startswith("algorithm.")]
+        why = (f"\n  ({', '.join(static)}: static, it shapes the compiled program; the dynamic hyper-parameters "
+               f"of this algorithm, which may change: {', '.join(d.split('.', 1)[1] for d in dynamic) or 'none'})"
+               if static else "")
         raise UsageError(f"cannot resume from '{path}': settings that change the computation differ from "
-                         "the checkpoint's:\n  " + "\n  ".join(conflicts) + "\n  allowed to change on resume: "
-                         f"{', '.join(free)}; or start a new run ({option('overwrite')}, or another run.name)")
+                         "the checkpoint's:\n  " + "\n  ".join(conflicts) + why + "\n  allowed to change on resume: "
+                         f"{', '.join(free + dynamic)}; or start a new run ({option('overwrite')}, or another "
+                         "run.name)")
     if header.generation > generations:
         raise UsageError(f"cannot resume from '{path}': it is at generation {header.generation}, past "
                          f"run.generations = {generations}; raise run.generations to continue it")
     loaded = checkpoint.load(ctx, path, loop.template())
     loop.restore(loaded)
+    changed = _changed_dynamic(header.config_text, resolved, dynamic)
+    if changed:
+        loop.set_params(**changed)
     return loaded
+
+
+def _changed_dynamic(stored_text: str, new: dict[str, Any], dynamic: tuple[str, ...]) -> dict[str, float]:
+    """The dynamic hyper-parameters the new config gives other values than the checkpoint's did."""
+    if not dynamic:
+        return {}
+    a, b = _flat(tomllib.loads(stored_text)), _flat(new)
+    return {k.split(".", 1)[1]: b[k] for k in dynamic if k in b and a.get(k) != b[k]}
