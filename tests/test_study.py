@@ -369,3 +369,20 @@ def test_a_context_splits_by_color_like_mpi_comm_split(ctx):
     assert (solo is None) == (ctx.rank != 0) and (solo is None or solo.size == 1)
     with pytest.raises(UsageError, match="rank 0 passed something else"):
         ctx.split(color=-1 if ctx.rank == 0 else 0)
+
+
+@pytest.mark.ranks(2, 3)
+def test_an_object_that_cannot_be_pickled_fails_both_ends_not_a_hang(ctx):
+    """Groups.send of a lambda raised on the sender alone, and its receiver waited forever; now
+    the receiver's recv raises too, naming the sender, and the pair goes on talking."""
+    groups = split(ctx, 1)
+    if groups.index == 0:
+        with pytest.raises(UsageError, match=r"Groups.send: the object for group 1 cannot be sent: it cannot be "
+                                             r"pickled .*group 1's recv raises too"):
+            groups.send(lambda: 1, to=1)
+        groups.send({"then": "fine"}, to=1)
+    elif groups.index == 1:
+        with pytest.raises(UsageError, match=r"Groups.recv: group 0 could not send its object: it cannot be pickled"):
+            groups.recv(source=0)
+        assert groups.recv(source=0) == {"then": "fine"}
+    ctx.comm_ctl.Barrier()

@@ -15,6 +15,7 @@ Ranks beyond the last whole group (``size % ranks_per_group``) belong to no grou
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from typing import Any
 
 from ..errors import UsageError
@@ -22,6 +23,17 @@ from .context import ParallelContext, context_for
 
 # Tags of the leaders' point-to-point messages (the groups' own communicator: nothing else uses it).
 _TAG_USER = 17
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sent:
+    data: bytes  # the object, pickled by the sender (so that a failure is the sender's to report)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unsent:
+    group: int
+    why: str
 
 
 @dataclasses.dataclass
@@ -51,9 +63,18 @@ class Groups:
 
     def send(self, obj: Any, to: int) -> None:
         """Send a picklable ``obj`` from this group's leader to group ``to``'s leader (blocking
-        until it is received or buffered). Called by leaders only."""
+        until it is received or buffered). Called by leaders only. An ``obj`` that cannot be
+        pickled raises UsageError here, and in the receiver's ``recv`` too (it would otherwise
+        wait for a message that never comes)."""
         self._check_leader("send", to)
-        self.leaders.send(obj, dest=to, tag=_TAG_USER)
+        try:
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - whatever pickling raises, the receiver must hear of it
+            why = f"{type(e).__name__}: {e}"
+            self.leaders.send(_Unsent(self.index, why), dest=to, tag=_TAG_USER)
+            raise UsageError(f"Groups.send: the object for group {to} cannot be sent: it cannot be pickled ({why}); "
+                             f"group {to}'s recv raises too") from None
+        self.leaders.send(_Sent(data), dest=to, tag=_TAG_USER)
 
     def recv(self, source: int) -> Any:
         """What group ``source``'s leader sent to this group's leader. Called by leaders only;
@@ -61,7 +82,11 @@ class Groups:
         from .control import receive
 
         self._check_leader("recv", source)
-        return receive(self.leaders, source, _TAG_USER)
+        got = receive(self.leaders, source, _TAG_USER)
+        if isinstance(got, _Unsent):
+            raise UsageError(f"Groups.recv: group {got.group} could not send its object: it cannot be pickled "
+                             f"({got.why})")
+        return pickle.loads(got.data) if isinstance(got, _Sent) else got
 
     def bcast(self, obj: Any) -> Any:
         """``obj`` from the group's leader, on every rank of the group (collective in the group)."""
