@@ -261,3 +261,13 @@ def test_reevaluate_reports_the_best_on_fresh_draws(ctx, shared_tmp, references,
     with pytest.raises(hpcevo.ConfigError, match="run.reevaluate"):
         hpcevo.run(small_config(shared_tmp / "mo", run={"reevaluate": 3}, algorithm={"name": "nsga2"},
                                 problem={"name": "zdt1", "dim": 4}), quiet=True)
+
+
+@pytest.mark.ranks(2, 3)
+def test_ranks_in_different_collective_calls_hear_it_at_once(ctx):
+    """ask() on rank 0 while the other ranks evaluate: both are agreed calls, and the agreement
+    names the two (it compared only the inputs, and blamed them)."""
+    loop = hpcevo.Loop(build(PSO), RASTRIGIN, ctx).init(0)
+    with pytest.raises(hpcevo.UsageError, match=r"the ranks are in different collective calls: rank 0 in Loop.ask.*"
+                                                r"in Loop.evaluate's candidates.*same collective calls in the same order"):
+        loop.ask() if ctx.rank == 0 else loop.evaluate(np.zeros((4, 6)))

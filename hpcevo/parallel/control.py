@@ -175,13 +175,21 @@ def agreed(ctx: ParallelContext, what: str, check: Callable[[], T], canonical: C
             raise error
         return value  # type: ignore[return-value]
     text = canonical(value) if error is None else ""
-    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+    # (the call's name is hashed too: ranks that reached different collective calls learn it here)
+    h = int.from_bytes(hashlib.sha256(f"{what}\0{text}".encode()).digest()[:7], "little")
     top = agree_max(ctx, [int(error is not None), h, -h])  # (any error, the largest, minus the smallest)
     if top[0]:
         raise agree_on_error(ctx, error)  # type: ignore[misc]
     if top[1] == -top[2]:
         return value  # type: ignore[return-value]
-    texts = ctx.comm_ctl.allgather(text)
+    calls = ctx.comm_ctl.allgather((what, text))
+    other = [r for r, (w, _) in enumerate(calls) if w != calls[0][0]]
+    if other:
+        raise UsageError(f"the ranks are in different collective calls: rank 0 in {calls[0][0]}, rank"
+                         f"{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} in {calls[other[0]][0]}. Every "
+                         "rank must make the same collective calls in the same order (a call made on some ranks "
+                         "only, under `if rank == 0:`, waits for the others)")
+    texts = [t for _, t in calls]
     odd = [r for r, t in enumerate(texts) if t != texts[0]]
     detail = differ(texts[0], texts[odd[0]]) if differ else f"rank 0 has {_short(texts[0])}, rank {odd[0]} has {_short(texts[odd[0]])}"
     raise UsageError(f"{what} differs between ranks (rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
