@@ -106,3 +106,14 @@ def test_scalars_of_numpy_and_jax_are_answers(tmp_path):
                                    lambda r, loop: jnp.asarray(r["generation"] >= 4))):
         result = hpcevo.run(config(tmp_path / f"r{i}", log={"every": 2}), quiet=True, stop_when=[criterion])
         assert result.summary["generations"] == 4 and result.summary["stopped_by"] == "<lambda>"
+
+
+def test_a_record_that_cannot_be_written_is_reported_once_not_again_at_close():
+    """A full disk (/dev/full) fails the write of a record, which the run reports as one message;
+    closing the writer must not raise a second, bare OSError in its place."""
+    from hpcevo.driver.rundir import RecordWriter
+
+    writer = RecordWriter(Path("/dev/full"), append=True)
+    with pytest.raises(OSError, match="No space left"):
+        writer.write({"generation": 1})
+    writer.close()  # (the unflushed record is not written again)

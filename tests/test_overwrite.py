@@ -305,3 +305,10 @@ def test_study_plan_refuses_runs_that_every_run_would_refuse(tmp_path, base, axi
     with pytest.raises(ConfigError, match=said):
         hpcevo.load_study(spec)
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.ranks(1, 3)
+def test_an_unwritable_run_directory_is_one_message_on_every_rank(ctx, tmp_path):
+    """Rank 0's OSError reached the other ranks as a bare RuntimeError (a traceback, exit 1)."""
+    with pytest.raises(UsageError, match=r"run directory '/proc/hpcevo-test/run': .* cannot be written"):
+        hpcevo.run(config(Path("/proc/hpcevo-test/run")), ctx=ctx, quiet=True)

@@ -178,8 +178,17 @@ class RunDir:
             return UsageError(f"run directory '{self.paths.root}': '{where}' cannot be written: {why}")
         return error
 
+    @contextlib.contextmanager
+    def converting(self) -> Iterator[None]:
+        """An OSError of the block as ``unwritable``'s UsageError where it happens: the other
+        ranks rebuild what they are told, and an OSError reached them as a bare RuntimeError."""
+        try:
+            yield
+        except OSError as e:
+            raise self.unwritable(e) from None
+
     def _root_writes(self, fn: Callable[[], None]) -> None:
-        with collective_stage(self.ctx, convert=self.unwritable):
+        with collective_stage(self.ctx, convert=self.unwritable), self.converting():
             if self.ctx.is_root:
                 fn()
 
@@ -407,8 +416,13 @@ class RecordWriter:
             self._file.flush()
 
     def close(self) -> None:
+        # Every record was flushed as it was written, or its write failed and was reported (a
+        # full disk): what close would flush again is that record, and failing again here would
+        # put a bare OSError in place of that one message.
         if self._file is not None:
-            self._file.close()
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()
 
     def __enter__(self) -> "RecordWriter":
         return self
