@@ -245,8 +245,7 @@ class Hooks:
                 if said:
                     return said
                 continue
-            if said is not None and (not hasattr(said, "__bool__") or getattr(said, "ndim", 0) != 0
-                                     or isinstance(said, (Mapping, list, tuple, set))):
+            if said is not None and (not hasattr(said, "__bool__") or getattr(said, "ndim", 0) != 0):
                 raise UsageError(f"stop criterion {name_of(criterion)} returned {_shown(said)}: a stop criterion "
                                  "answers True or False (or a reason, a str); for an array, say which: .any() "
                                  "or .all()")

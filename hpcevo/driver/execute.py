@@ -395,7 +395,7 @@ class Run:
                "evals_per_s": (evals - self.evals_prev) / max(now - self.t_prev, 1e-12),
                **counts, **{f"params.{k}": v for k, v in (params or {}).items()}}
         self.t_prev, self.gen_prev, self.evals_prev = now, gen, evals
-        with collective_stage(self.ctx, convert=self.rundir.unwritable), self.rundir.converting():
+        with collective_stage(self.ctx), self.rundir.converting():
             metrics.write(rec)
             self.report.boundary(rec, self.loop.engine.recorder.progress(rec) + self._precision(rec.get("best")))
             for text in self.loop.detail_lines(rec):

@@ -48,15 +48,20 @@ def resume_conflicts(stored_text: str, new: dict[str, Any], free: tuple[str, ...
         old = tomllib.loads(stored_text)
     except tomllib.TOMLDecodeError as e:
         return [f"the checkpoint's config cannot be read ({e})"]
+    show = lambda v: "(not set)" if v is MISSING else repr(v)  # noqa: E731
+    return [f"{key}: checkpoint has {show(va)}, this run has {show(vb)}" for key, va, vb in changes(old, new, free)]
+
+
+MISSING = object()  # (a key one side of ``changes`` does not set)
+
+
+def changes(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...] = FREE) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every key of two configs whose values differ, but
+    for those ``free`` to change; ``MISSING`` where one side does not set it. (A run's resume and
+    a study's resume compare with it.)"""
     a, b = _flat(old), _flat(new)
-    missing = object()
-    out = []
-    for key in sorted(set(a) | set(b)):
-        va, vb = a.get(key, missing), b.get(key, missing)
-        if not held_names_match(va, vb) and not is_free(key, free):
-            show = lambda v: "(not set)" if v is missing else repr(v)  # noqa: E731
-            out.append(f"{key}: checkpoint has {show(va)}, this run has {show(vb)}")
-    return out
+    return [(key, a.get(key, MISSING), b.get(key, MISSING)) for key in sorted(set(a) | set(b))
+            if not held_names_match(a.get(key, MISSING), b.get(key, MISSING)) and not is_free(key, free)]
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -132,5 +137,5 @@ def _changed_dynamic(stored_text: str, new: dict[str, Any], dynamic: tuple[str, 
     """The dynamic hyper-parameters the new config gives other values than the checkpoint's did."""
     if not dynamic:
         return {}
-    a, b = _flat(tomllib.loads(stored_text)), _flat(new)
-    return {k.split(".", 1)[1]: b[k] for k in dynamic if k in b and a.get(k) != b[k]}
+    return {key.split(".", 1)[1]: value for key, _, value in changes(tomllib.loads(stored_text), new, ())
+            if key in dynamic and value is not MISSING}

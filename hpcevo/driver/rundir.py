@@ -188,7 +188,7 @@ class RunDir:
             raise self.unwritable(e) from None
 
     def _root_writes(self, fn: Callable[[], None]) -> None:
-        with collective_stage(self.ctx, convert=self.unwritable), self.converting():
+        with collective_stage(self.ctx), self.converting():
             if self.ctx.is_root:
                 fn()
 

@@ -371,16 +371,10 @@ STUDY_FREE = ("run.name", "run.out", "log.every", "log.progress", "checkpoint.*"
 def config_changes(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(key, old value, new value) for each key of a run's config that differs and is not free
     (a key set on one side only is shown as "(not set)": its default may differ)."""
-    from ..driver.resume import _flat, is_free
+    from ..driver.resume import MISSING, changes
 
-    a, b = _flat(was), _flat(now)
-    out = []
-    for key in sorted(set(a) | set(b)):
-        if key in a and key in b and a[key] == b[key] or is_free(key, STUDY_FREE):
-            continue
-        show = lambda d: json.dumps(d[key]) if key in d else "(not set)"  # noqa: E731
-        out.append((key, show(a), show(b)))
-    return out
+    show = lambda v: "(not set)" if v is MISSING else json.dumps(v)  # noqa: E731
+    return [(key, show(a), show(b)) for key, a, b in changes(was, now, STUDY_FREE)]
 
 
 def _margin(study: Study) -> float:
