@@ -410,16 +410,28 @@ class Run:
                 reason = self.hooks.reason(dict(rec), self.loop, alone=rank_local)
         return bcast_from_root(self.ctx, reason) if self.hooks.criteria else None
 
+    def _f_opt(self) -> float | None:
+        """The problem's known optimal value (BBOB's instance f_opt, a CEC function's bias, a
+        built-in function's minimum), or None (a user's problem, several objectives)."""
+        try:
+            value = getattr(self.parts.problem, "optimum_value", None)
+            return None if value is None else float(value)
+        except (TypeError, ValueError, NotImplementedError):
+            return None
+
     def _best_precision(self, outcome: dict[str, Any]) -> dict[str, float]:
-        """BBOB: the best's precision f - f_opt, what COCO's targets are about (summary.json)."""
-        fopt = getattr(self.parts.problem, "fopt", None)
-        best = outcome.get("best_fitness")
-        return {} if fopt is None or best is None else {"best_precision": float(best) - float(fopt)}
+        """Where the optimum is known: it and the best's precision f - f_opt, what COCO's (and
+        CEC's) targets and a study's report are about (summary.json)."""
+        fopt, best = self._f_opt(), outcome.get("best_fitness")
+        if fopt is None or not isinstance(best, (int, float)):
+            return {}
+        return {"f_opt": fopt, "best_precision": float(best) - fopt}
 
     def _precision(self, best: Any) -> str:
-        """BBOB (an instance's f_opt is known): what COCO judges, f - f_opt, beside the raw best."""
-        fopt = getattr(self.parts.problem, "fopt", None)
-        if fopt is None or not isinstance(best, (int, float)):
+        """f - f_opt beside the raw best, where the optimum is known and not 0 (BBOB, CEC): what
+        their targets judge."""
+        fopt = self._f_opt()
+        if not fopt or not isinstance(best, (int, float)):
             return ""
         return f"  f-f_opt {best - fopt:.3e}"
 
@@ -478,7 +490,7 @@ class Run:
                       f"fresh evaluations of the best; as seen: {summary['best_fitness_seen']:.10e})")
         elif "best_fitness" in summary:
             result = f"best fitness {summary['best_fitness']:.10e}"
-            if "best_precision" in summary:
+            if summary.get("f_opt"):  # (an optimum of 0: the best is its precision)
                 result += f" (f - f_opt {summary['best_precision']:.3e})"
         else:
             hv = summary["hypervolume"]

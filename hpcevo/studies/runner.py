@@ -188,7 +188,7 @@ class _Launch:
         out = {**base, "status": summary["status"], "generations": summary["generations"],
                "evaluations": summary["evaluations"], "best_fitness": summary.get("best_fitness"),
                "state_digest": summary["state_digest"], "wall_s": time.time() - t,
-               **({"best_precision": summary["best_precision"]} if "best_precision" in summary else {})}
+               **{k: summary[k] for k in ("f_opt", "best_precision") if k in summary}}
         if summary["status"] == "stopped":
             out["halt"] = summary.get("stopped_by") or "a stop request"
         return out
@@ -302,7 +302,7 @@ class _Launch:
             return f"{head}: {str(r.get('error', '')).splitlines()[0] if r.get('error') else ''}"
         best = r.get("best_fitness")
         value = f"best {best:.4e}" if isinstance(best, (int, float)) else "multi-objective"
-        if isinstance(r.get("best_precision"), (int, float)):  # (BBOB: what COCO's targets are about)
+        if r.get("f_opt") and isinstance(r.get("best_precision"), (int, float)):  # (BBOB, CEC: their targets')
             value += f"  f-f_opt {r['best_precision']:.2e}"
         return f"{head}  {value}  gen {r.get('generations')}  {r['wall_s']:.1f} s  (group {r['group']})"
 
