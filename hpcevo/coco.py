@@ -57,7 +57,9 @@ run" and uses the data). Resume: ``state()`` is a small JSON-able dict (evaluati
 and point, trigger positions, file sizes); ``BBOBLogger.from_state(state)`` continues the same
 files, truncating what was written after the state was taken (the generations a resumed run
 replays; for a state taken before the first evaluation, the start itself), and refuses, leaving
-the files as they are, when another run has written to them since. Export the state with each
+the files as they are, when another run has written to them since: what it cuts must be this
+run's own data lines (evaluations from the state on, this instance's f_opt; the last one may be
+torn by a kill), and each file's last bytes at the state must be found again where they were. Export the state with each
 checkpoint, after that generation's ``observe``. Replaying the whole run into a fresh folder
 gives the same files too.
 
@@ -372,10 +374,14 @@ class BBOBLogger:
     def state(self) -> dict[str, Any]:
         """This logger's state as a JSON-able dict (floats round-trip through json exactly)."""
         sizes: dict[str, int | None]
+        tails: dict[str, str] = {}
         if self._dat_base is not None:
             sizes = {"info": self.info_path.stat().st_size}
+            tails["info"] = _tail(self.info_path, sizes["info"])
             for ext in _EXTENSIONS:
-                sizes[ext] = (self.folder / (self._dat_base + ext)).stat().st_size
+                path = self.folder / (self._dat_base + ext)
+                sizes[ext] = path.stat().st_size
+                tails[ext] = _tail(path, sizes[ext])
         else:
             # Not started: what the .info file was, so that a start after this state can be undone.
             sizes = {"info": self.info_path.stat().st_size if self.info_path.exists() else None}
@@ -387,7 +393,7 @@ class BBOBLogger:
                 "last_dat": self._last_dat, "last_tdat": self._last_tdat,
                 "log_exponent": self._log_exponent, "lin_value": self._lin_value,
                 "evaluation_triggers": self._triggers.state(), "restart_pending": self._restart_pending,
-                "sizes": sizes}
+                "sizes": sizes, "tails": tails}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], observer: BBOBObserver | None = None, *,
@@ -423,14 +429,14 @@ class BBOBLogger:
         if self._closed:
             return self  # a finished run: nothing to continue, its files are left alone
         if self._dat_base is not None:
-            self._rewind(state["sizes"])
+            self._rewind(state["sizes"], state.get("tails") or {})
         else:
             self._rewind_unstarted(state["sizes"]["info"])
         if observer is not None:
             observer._open = self
         return self
 
-    def _rewind(self, sizes: dict[str, int]) -> None:
+    def _rewind(self, sizes: dict[str, int], tails: dict[str, str]) -> None:
         # Checked in full before anything is cut, so a refusal leaves the files as they were.
         cuts = []
         base = str(self._dat_base)
@@ -442,18 +448,50 @@ class BBOBLogger:
                 raise CocoFilesChanged(f"{path} is gone since the state was taken") from None
             if actual < size:
                 raise CocoFilesChanged(f"{path} is shorter ({actual} bytes) than when the state was taken ({size})")
+            if key in tails and _tail(path, size) != tails[key]:
+                raise CocoFilesChanged(f"{path} was changed before its last {size} bytes since the state was taken "
+                                       "(its end then is not there now)")
             if actual > size:
                 with open(path, "rb") as fh:
                     fh.seek(size)
                     extra = fh.read().decode("ascii", errors="replace")
-                # Only this run's own later output may go: data lines, or the end of its close.
+                # Only this run's own later output may go: its data lines (the evaluations the
+                # resumed run evaluates again), or the end of its close. Anything else (a line of
+                # another run, an edit, a stray byte) would be cut without a word: refused.
                 own = (re.fullmatch(r":\d+\|[^,\s]+", extra) is not None if key == "info"
-                       else "%" not in extra)
+                       else self._own_lines(extra))
                 if not own:
-                    raise CocoFilesChanged(f"{path} holds output of another run written after the state was taken")
+                    raise CocoFilesChanged(f"{path} holds lines that this run did not write after the state was "
+                                           "taken (another run's output, or an edit)")
                 cuts.append((path, size))
         for path, size in cuts:
             _truncate(path, size)
+
+    def _own_lines(self, extra: str) -> bool:
+        """Whether ``extra`` is whole data lines as this logger writes them after the state it
+        resumes from: evaluations from there on, in order, f - f_opt of this instance's f_opt."""
+        last = self.evaluations
+        width = 5 + (self.dim if self.log_x else 0)
+        lines = extra.split("\n")
+        # A process killed while writing a block may leave its last line torn: a beginning of one.
+        torn = lines.pop()
+        if torn and (re.fullmatch(r"\d+( [0-9+\-.e ]*)?", torn) is None or int(torn.split(" ")[0]) < last):
+            return False
+        for line in lines:
+            fields = line.split(" ")
+            if len(fields) not in (5, width) or fields[1] != "0" or not fields[0].isdigit():
+                return False
+            try:
+                n, precision, best = int(fields[0]), float(fields[2]), float(fields[4])
+                float(fields[3]), [float(v) for v in fields[5:]]
+            except ValueError:
+                return False
+            # (both printed to 10 digits: their difference is known to about 1e-9 of the larger)
+            if n < last or not math.isclose(precision, best - self.fopt, rel_tol=1e-8,
+                                            abs_tol=1e-8 * (abs(best) + abs(self.fopt)) + 1e-300):
+                return False
+            last = n
+        return True
 
     def _rewind_unstarted(self, info_size: int | None) -> None:
         """Undo a start (first evaluation) made after a state taken before it: the .info text it
@@ -620,6 +658,14 @@ def _append_to(path: Path):
     except OSError as e:
         raise _refused(path, e) from None
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _tail(path: Path, size: int, length: int = 256) -> str:
+    """The ``length`` bytes of ``path`` before ``size``: what a resume finds again where the
+    state was taken, unless the file was changed below its end."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - length))
+        return fh.read(min(size, length)).decode("ascii", errors="replace")
 
 
 def _truncate(path: Path, size: int) -> None:

@@ -304,6 +304,67 @@ def test_resume_from_state_equals_uninterrupted(tmp_path):
 
 
 @pytest.mark.single_process
+@pytest.mark.parametrize("change", ["foreign line", "garbage", "torn garbage", "earlier evaluations", "edited",
+                                    "header"])
+def test_a_resume_refuses_coco_files_changed_behind_its_back_and_leaves_them(tmp_path, change):
+    """What a resume cuts off must be the run's own later lines (it writes them again): lines of
+    another instance (another f_opt), bytes that are no data line (whole or torn), evaluations
+    from before the state, or an edit below the state's end were cut without a word before. (The
+    run's own last line torn by a kill mid-write is its own: test_a_torn_own_line_is_cut.)"""
+    y, x, fopt = _synthetic(1500, 2, 5)
+    log = BBOBLogger(tmp_path, function=1, instance=1, dim=2, fopt=fopt)
+    _feed(log, y, x, stop=700)
+    state = json.loads(json.dumps(log.state()))
+    _feed(log, y, x, start=700, stop=1100)  # the run's own lines after the state: cut on resume
+    dat = next(tmp_path.rglob("*.dat"))
+    own = dat.read_text()
+    lines = own.splitlines(True)
+    if change == "foreign line":  # a line of this function's run on another instance: another f_opt
+        n, _, _, value, best, *xs = lines[-1].split()
+        extra = "%s 0 %+10.9e %s %s %s\n" % (int(n) + 1, float(best) - (fopt + 3.5), value, best, " ".join(xs))
+    elif change == "garbage":
+        extra = "hello\n"
+    elif change == "torn garbage":
+        extra = "1x"
+    elif change == "earlier evaluations":
+        extra = lines[3]
+    elif change == "header":
+        extra = "% f evaluations | g evaluations | best noise-free fitness - Fopt\n"
+    if change == "edited":  # a digit changed below the state's end, the size kept
+        k = state["sizes"][".dat"] - 5
+        data = bytearray(dat.read_bytes())
+        data[k] = ord("7") if data[k] != ord("7") else ord("3")
+        dat.write_bytes(bytes(data))
+    else:
+        dat.write_text(own + extra)
+    before = {rel: (tmp_path / rel).read_bytes() for rel in _files(tmp_path)}
+    with pytest.raises(CocoFilesChanged, match="did not write|was changed"):
+        BBOBLogger.from_state(state)
+    assert {rel: (tmp_path / rel).read_bytes() for rel in _files(tmp_path)} == before
+
+
+@pytest.mark.single_process
+def test_a_torn_own_line_is_cut_and_the_resume_writes_the_files_of_a_run_never_stopped(tmp_path):
+    y, x, fopt = _synthetic(1500, 2, 5)
+    for name, stop in (("straight", None), ("killed", 1100)):
+        log = BBOBLogger(tmp_path / name, function=1, instance=1, dim=2, fopt=fopt)
+        _feed(log, y, x, stop=700)
+        state = json.loads(json.dumps(log.state()))
+        if stop is None:
+            _feed(log, y, x, start=700)
+            log.close()
+            continue
+        _feed(log, y, x, start=700, stop=stop)
+        dat = next((tmp_path / name).rglob("*.dat"))
+        own = dat.read_text().splitlines(True)
+        dat.write_text("".join(own[:-1]) + own[-1][: len(own[-1]) // 2])  # killed mid-line
+        log = BBOBLogger.from_state(state)
+        _feed(log, y, x, start=700)
+        log.close()
+    _assert_same_files(tmp_path / "straight", tmp_path / "killed")
+
+
+@pytest.mark.single_process
 def test_resume_with_observer(tmp_path):
     """An observer's line state and its open run's state restore together."""
     plan = [(1, 2, 1), (2, 2, 1), (1, 2, 2), (1, 2, 3)]
