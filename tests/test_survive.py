@@ -176,6 +176,44 @@ def test_sigusr1_to_the_launcher_checkpoints_exits_75_and_resumes_exactly(tmp_pa
     assert digest(out) == uninterrupted(tmp_path, target)
 
 
+def test_a_signal_during_compilation_stops_at_the_first_generation_with_a_checkpoint(tmp_path):
+    """A signal while the programs compile (rank 1 takes 4 s to trace the problem) was met by the
+    default handler: SIGTERM killed every rank on the spot. Now it waits for the first boundary
+    (generation 1): a checkpoint, exit 75, and a resume to the run never stopped. (SIGUSR1 and
+    SIGINT share the handler: test_sigusr1_to_the_launcher... is the same path later on.)"""
+    sig = signal.SIGTERM
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text(CONFIG.format(generations=60, every=0).replace('name = "rastrigin"',
+                                                                  'name = "watchdog_problems:slow_to_trace"\n'
+                                                                  'lb = -5.0\nub = 5.0'))
+    out, mark = tmp_path / "run", tmp_path / "tracing"
+    env = {**clean_env(), "WD_TRACE": "4", "WD_TRACE_MARK": str(mark),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), clean_env().get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd(2, "run", str(cfg), "--set", f"run.out={out}"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() - t0 < 120, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        proc.send_signal(sig)  # to mpiexec, which forwards it to every rank
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, stderr[-3000:]
+    assert f"stopped by {signal.Signals(sig).name} at generation 1 of 60" in stdout
+    assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == [checkpoint.file_name(1)]
+    env.pop("WD_TRACE")
+    r = subprocess.run(cmd(2, "run", str(cfg), "--set", f"run.out={out}", "--resume", "-q"), capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    whole = subprocess.run(cmd(None, "run", str(cfg), "--set", f"run.out={tmp_path / 'whole'}", "-q"),
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert digest(out) == digest(tmp_path / "whole")
+
+
 def test_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path):
     cfg, out = write_config(tmp_path, generations=300), tmp_path / "run"
     assert run(2, "run", str(cfg), "--set", f"run.out={out}", "-q").returncode == 0

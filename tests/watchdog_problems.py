@@ -61,6 +61,9 @@ def slow_to_trace(x):
     loading = any(f.name == "load_user_problem" for f in traceback.extract_stack())
     if RANK == 1 and not loading and not _traced["slow"]:
         _traced["slow"] = True
+        mark = os.environ.get("WD_TRACE_MARK")
+        if mark:  # (for a test that signals the job while this rank compiles)
+            open(mark, "w").close()
         time.sleep(float(os.environ.get("WD_TRACE", "0")))
     return jnp.sum(x * x)
 

@@ -132,41 +132,46 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
             run.before_hooks = lambda g: dog.arm_open(f"the hooks at generation {g}", fault.min_seconds,
                                                       "fault.min_seconds: hooks may take as long as they need")
             G = cfg.run.generations
-            dog.arm("compiling and the first generation", *limits.compile())
-            run.compile()
-            with run.stop, run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
-                gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
-                while True:
-                    t = time.perf_counter()
-                    dog.arm(f"the boundary at generation {gen}", *limits.boundary())
-                    met = run.met()
-                    if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
-                        said = run.log(gen, metrics)
-                        if hooks:
-                            dog.arm(f"the boundary at generation {gen}", *limits.boundary())
-                        ended = said if gen < G else None
-                    ended = ended or met
-                    decision = run.stop.poll(chunk)
-                    stopping = gen < G and decision.stop and ended is None
-                    limits.note_boundary(time.perf_counter() - t)
-                    if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due,
-                                      soon=decision.soon):
-                        dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
-                        limits.note_checkpoint(run.write_checkpoint(gen))
-                    if gen >= G or stopping or ended is not None:
-                        break
-                    target = run.schedule.next_target(gen, decision.chunk)
-                    dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
-                            *limits.dispatch(target - gen))
-                    seconds = run.advance(target - gen)
-                    limits.note_dispatch(target - gen, seconds)
-                    chunk = next_chunk(target - gen, seconds)
-                    gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
-                dog.arm("finishing", *limits.startup())
-                outcome = run.outcome()
-                run.loop.close()
-                with collective_stage(ctx), user_code(ctx, "a hook"):
-                    hooks.close()
+            # Listening from before the compilation: a SIGTERM, SIGUSR1 or Ctrl-C that comes while
+            # it runs (seconds to minutes) is kept for the first boundary (generation 1, or the
+            # resumed one), which checkpoints and ends the run as at any other; before, it found
+            # the default handler and killed the process on the spot.
+            with run.stop:
+                dog.arm("compiling and the first generation", *limits.compile())
+                run.compile()
+                with run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
+                    gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
+                    while True:
+                        t = time.perf_counter()
+                        dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+                        met = run.met()
+                        if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
+                            said = run.log(gen, metrics)
+                            if hooks:
+                                dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+                            ended = said if gen < G else None
+                        ended = ended or met
+                        decision = run.stop.poll(chunk)
+                        stopping = gen < G and decision.stop and ended is None
+                        limits.note_boundary(time.perf_counter() - t)
+                        if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due,
+                                          soon=decision.soon):
+                            dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
+                            limits.note_checkpoint(run.write_checkpoint(gen))
+                        if gen >= G or stopping or ended is not None:
+                            break
+                        target = run.schedule.next_target(gen, decision.chunk)
+                        dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
+                                *limits.dispatch(target - gen))
+                        seconds = run.advance(target - gen)
+                        limits.note_dispatch(target - gen, seconds)
+                        chunk = next_chunk(target - gen, seconds)
+                        gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
+                    dog.arm("finishing", *limits.startup())
+                    outcome = run.outcome()
+                    run.loop.close()
+                    with collective_stage(ctx), user_code(ctx, "a hook"):
+                        hooks.close()
             summary = run.finish(outcome, decision if stopping else None, ended)
         except BaseException:
             run.rundir.abandon()  # (before the first generation: the run --overwrite replaced comes back)
