@@ -159,6 +159,27 @@ def test_set_params_takes_effect_without_recompiling(ctx):
     assert again.set_params(w=0.7, c1=1.2).advance(5).digest() == built.advance(5).digest()
 
 
+@pytest.mark.ranks(1, 2)
+@pytest.mark.parametrize("cls, name", [(OpenES, "lr"), (OpenES, "sigma_init"), (CMAES, "sigma_init")])
+def test_an_initial_value_is_refused_for_what_it_is_not_as_shaping_the_program(ctx, cls, name, shared_tmp):
+    """OpenES's lr and the ES's sigma_init are floats that set generation 1's state (which then
+    adapts or decays them on its own): refused mid-run, as they must be, but the message said they
+    "shape the compiled program". Loop.set_params and a resume's --set say the same."""
+    loop = hpcevo.Loop(build(cls), RASTRIGIN, ctx).init(0).advance(2)
+    carried = name.removesuffix("_init")
+    with pytest.raises(hpcevo.UsageError, match=rf"'{name}' of {cls.__name__} is static \(it sets the state of "
+                                                rf"generation 1 only; the run's state has carried its own {carried}"):
+        loop.set_params(**{name: 0.5})
+    with pytest.raises(hpcevo.UsageError, match="shapes the compiled program"):
+        loop.set_params(pop_size=12)
+    cfg = small_config(shared_tmp / "r", algorithm={"name": cls.__name__.lower(), "pop_size": 8})
+    hpcevo.run(cfg, quiet=True, ctx=ctx)
+    cfg["algorithm"][name] = 0.5
+    cfg["run"]["generations"] = 6
+    with pytest.raises(hpcevo.UsageError, match=rf"algorithm.{name}: static, it sets the state of generation 1 only"):
+        hpcevo.run(cfg, quiet=True, ctx=ctx, resume=True)
+
+
 def test_assigning_the_algorithm_is_set_params_or_refused(ctx):
     de = build(DE)
     loop = hpcevo.Loop(de, RASTRIGIN, ctx).init(0).advance(2)

@@ -57,6 +57,10 @@ class Algorithm(Protocol):
     # effect at the next dispatch without a recompile (``Loop.set_params``). Every other field is
     # static: a new value is a new program, and a running loop refuses it.
     dynamic: ClassVar[tuple[str, ...]] = ()
+    # Static fields that only set the state at generation 1 (an initial step size, learning rate
+    # or mean): the state carries its own value from then on (adapted, decayed), so a new value
+    # mid-run would change nothing. Named apart so that a refusal says so, not "shapes the program".
+    initial: ClassVar[tuple[str, ...]] = ()
 
     @property
     def num_init(self) -> int:
@@ -239,6 +243,15 @@ class MultiObjectiveAlgorithm(BaseAlgorithm):
 def dynamic_names(algorithm: Any) -> tuple[str, ...]:
     """The names of ``algorithm``'s hyper-parameters that are data (``Algorithm.dynamic``)."""
     return tuple(getattr(type(algorithm), "dynamic", ()))
+
+
+def why_static(algorithm: Any, name: str) -> str:
+    """Why ``name`` of ``algorithm`` cannot change while a run goes on (for a refusal)."""
+    if name in getattr(type(algorithm), "initial", ()):
+        carried = {"x0": "mean"}.get(name, name.removesuffix("_init"))
+        return (f"it sets the state of generation 1 only; the run's state has carried its own {carried} since "
+                "(adapted or decayed there), so a new value mid-run would change nothing: set it when a run starts")
+    return "it shapes the compiled program"
 
 
 def params_of(algorithm: Any) -> dict[str, float]:

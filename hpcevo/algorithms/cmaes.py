@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -80,6 +80,7 @@ class CMAState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class _CMABase(BaseAlgorithm):
+    initial: ClassVar[tuple[str, ...]] = ("sigma_init", "x0")
     sigma_init: float = 0.3
     restart: Literal["none", "ipop", "bipop"] = "none"
     lambda0: int = 0  # first lambda with restarts; 0: 4 + floor(3 ln n) [H16, Eq. 48]

@@ -47,6 +47,7 @@ class XNESState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class _NESBase(BaseAlgorithm):
+    initial: ClassVar[tuple[str, ...]] = ("sigma_init", "x0")
     sigma_init: float = 0.3
     eta_mu: float = 1.0
     eta_sigma: float = 0.0  # 0: the [W14, Table 1] default

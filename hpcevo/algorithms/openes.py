@@ -49,6 +49,7 @@ class OpenES(_es.MirroredES, BaseAlgorithm):
     """OpenAI-ES (Salimans et al. 2017): mirrored sampling, centred ranks, Adam on the mean."""
     dynamic: ClassVar[tuple[str, ...]] = (
         "sigma_decay", "sigma_min", "lr_decay", "lr_min", "weight_decay", "beta1", "beta2", "adam_eps")
+    initial: ClassVar[tuple[str, ...]] = ("sigma_init", "lr", "x0")
 
     sigma_init: float = 0.02
     lr: float = 0.01

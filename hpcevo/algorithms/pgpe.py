@@ -51,6 +51,7 @@ class PGPE(_es.MirroredES, BaseAlgorithm):
     """PGPE with symmetric sampling [S10]; ``optimizer = "clipup"`` for ClipUp on the mean [T20]."""
     dynamic: ClassVar[tuple[str, ...]] = (
         "center_lr", "sigma_lr", "sigma_max_change", "clipup_step", "clipup_max_speed", "momentum")
+    initial: ClassVar[tuple[str, ...]] = ("sigma_init", "x0")
 
     sigma_init: float = 0.1
     center_lr: float = 0.2

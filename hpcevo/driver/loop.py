@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, schema
-from ..algorithms.base import Algorithm, params_data, params_of
+from ..algorithms.base import Algorithm, params_data, params_of, why_static
 from ..errors import ConfigError, UsageError, did_you_mean, user_location
 from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
@@ -300,8 +300,8 @@ class Loop:
 
     def _static_message(self, where: str, name: str) -> str:
         dynamic = ", ".join(self._params) or "none"
-        return (f"{where}: '{name}' of {type(self._algorithm).__name__} is static (it shapes the compiled "
-                f"program) and cannot change while the loop runs: build a new Loop with it and load a checkpoint "
+        return (f"{where}: '{name}' of {type(self._algorithm).__name__} is static ({why_static(self._algorithm, name)}) "
+                f"and cannot change while the loop runs: build a new Loop with it and load a checkpoint "
                 f"of this one (what can change: {dynamic})")
 
     def _data(self) -> Params:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint
-from ..algorithms.base import dynamic_names
+from ..algorithms.base import dynamic_names, why_static
 from ..errors import UsageError
 from ..parallel import ParallelContext, bcast_from_root
 from ..problems.user import held_names_match
@@ -115,9 +115,10 @@ def _load_fitting(ctx: ParallelContext, path: Path, resolved: dict[str, Any], ge
     conflicts = resume_conflicts(header.config_text, resolved, free + dynamic)
     if conflicts:
         static = [c.split(":")[0] for c in conflicts if c.startswith("algorithm.")]
-        why = (f"\n  ({', '.join(static)}: static, it shapes the compiled program; the dynamic hyper-parameters "
-               f"of this algorithm, which may change: {', '.join(d.split('.', 1)[1] for d in dynamic) or 'none'})"
-               if static else "")
+        reasons = [f"{s}: static, {why_static(loop.algorithm, s.split('.', 1)[1])}" if isinstance(loop, Loop)
+                   else f"{s}: static, it shapes the compiled program" for s in static]
+        why = (f"\n  ({'; '.join(reasons)}; the dynamic hyper-parameters of this algorithm, which may change: "
+               f"{', '.join(d.split('.', 1)[1] for d in dynamic) or 'none'})" if static else "")
         raise UsageError(f"cannot resume from '{path}': settings that change the computation differ from "
                          "the checkpoint's:\n  " + "\n  ".join(conflicts) + why + "\n  allowed to change on resume: "
                          f"{', '.join(free + dynamic)}; or start a new run ({option('overwrite')}, or another "
