@@ -375,3 +375,31 @@ def test_a_script_that_fails_on_one_rank_before_a_collective_ends_the_job(tmp_pa
     assert r.returncode != 0 and time.monotonic() - t < 60
     assert "ValueError: only rank 1 has no data" in r.stderr
     assert "[rank 1] an uncaught ValueError ends the job" in r.stderr, r.stderr
+
+
+@pytest.mark.launcher
+def test_a_collective_call_on_rank_0_alone_ends_the_job_when_the_others_end(tmp_path):
+    """``loop.ask()`` under ``if rank == 0:`` at 3 ranks, the others going on to the end of the
+    script: rank 0 waited forever for them (they sat in MPI_Finalize). Now every rank's exit is
+    one more collective call, so rank 0 learns at once that the others ended, and says so."""
+    import subprocess
+    import time
+
+    from test_launcher import MPIEXEC, clean_env
+
+    script = tmp_path / "ask.py"
+    script.write_text(textwrap.dedent('''
+        import hpcevo
+        ctx = hpcevo.parallel.init()
+        algo = hpcevo.algorithms.PSO(pop_size=8, dim=2, lb=-1.0, ub=1.0)
+        loop = hpcevo.Loop(algo, hpcevo.problems.make_problem("sphere", 2), ctx).init(0)
+        if ctx.rank == 0:
+            loop.ask()
+        '''))
+    t = time.monotonic()
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=clean_env())
+    assert r.returncode != 0 and time.monotonic() - t < 60
+    assert ("the ranks are in different collective calls: rank 0 in Loop.ask, ranks 1, 2 in the end of the "
+            "program") in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("in the end of the program") == 1  # (said where the call was made, once)

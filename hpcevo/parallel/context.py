@@ -43,6 +43,9 @@ class ParallelContext:
     device: str = ""  # human-readable: "cpu, 2 threads", "cuda:1"
     binding: Binding | None = None
     rank_hosts: tuple[str, ...] = ()  # the host of every rank, in rank order
+    # Set where ranks were found in different collective calls: its communicators' call sequence
+    # is broken, so the end of the program does not agree on it (``_end_together``).
+    broken: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -132,7 +135,33 @@ def discover() -> ParallelContext:
         _CONTEXT = context_for(MPI.COMM_WORLD)
         if _CONTEXT.size > 1:
             _abort_on_uncaught(_CONTEXT)
+            import atexit
+
+            atexit.register(_end_together, _CONTEXT)  # (after mpi4py's: runs before MPI_Finalize)
     return _CONTEXT
+
+
+END_OF_PROGRAM = "the end of the program (no more collective calls on this rank)"
+
+
+def _end_together(ctx: ParallelContext) -> None:
+    """At exit, every rank agrees that it is ending, as one more collective call. A program that
+    makes a collective call on some ranks only (``loop.ask()`` under ``if rank == 0:``) left
+    that rank waiting forever while the others ended in MPI_Finalize; now it is told, at once,
+    which ranks ended (``agreed``: "ranks are in different collective calls"), and raises there.
+    The ranks ending say nothing (the message belongs where the call was made) and go on to
+    MPI_Finalize, which that rank's uncaught error ends with MPI_Abort."""
+    from mpi4py import MPI
+
+    from ..errors import UsageError
+    from .control import agreed
+
+    if ctx.broken or MPI.Is_finalized():
+        return
+    try:
+        agreed(ctx, END_OF_PROGRAM, lambda: None, lambda _: "")
+    except (UsageError, MPI.Exception):
+        pass
 
 
 def _abort_on_uncaught(ctx: ParallelContext) -> None:

@@ -185,6 +185,7 @@ def agreed(ctx: ParallelContext, what: str, check: Callable[[], T], canonical: C
     calls = ctx.comm_ctl.allgather((what, text))
     other = [r for r, (w, _) in enumerate(calls) if w != calls[0][0]]
     if other:
+        ctx.broken = True
         raise UsageError(f"the ranks are in different collective calls: rank 0 in {calls[0][0]}, rank"
                          f"{'s' if len(other) > 1 else ''} {', '.join(map(str, other))} in {calls[other[0]][0]}. Every "
                          "rank must make the same collective calls in the same order (a call made on some ranks "
