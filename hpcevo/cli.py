@@ -176,6 +176,12 @@ def _load_and_bind(ctx, source):
     with collective_stage(ctx, catch=UsageError):
         path, overrides = source()
         cfg = load_config(path, overrides) if path else None
+        guard = _startup_guard()
+        if cfg is not None and guard.armed:  # (here, before the ranks agree on it: that waits for all)
+            if cfg.fault.watchdog:
+                guard.arm(cfg.fault.startup_seconds, "fault.startup_seconds", keep_start=True)
+            else:
+                guard.end()
     par = cfg.parallel if cfg else ParallelSection()
     init(par.device, par.threads_per_rank, par.share_gpus)
     startup.mark("config")
@@ -321,8 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         ["plan"], ["status"], ["report"]))
     if offline and _launcher_rank() > 0:
         return 0  # started by a launcher anyway: rank 0 alone writes, submits and speaks
-    ctx = None if offline else _discover()
-    code = _main(ctx, argv_list)
+    ctx = None if offline else _discover(argv_list)
+    try:
+        code = _main(ctx, argv_list)
+    finally:
+        _startup_guard().end()
+    if ctx is not None:
+        from .parallel.context import skip_end_agreement
+
+        skip_end_agreement()  # (every rank takes the exit agreed on: no collective call at the end)
     _record_exit(ctx, code)
     return code
 
@@ -383,10 +396,64 @@ def _main(ctx, argv_list: list[str]) -> int:
         return 1
 
 
-def _discover():
+def _startup_guard():
+    from .parallel.watchdog import STARTUP_GUARD
+
+    return STARTUP_GUARD
+
+
+def _discover(argv_list: list[str]):
     from .driver import startup
     from .parallel import discover
 
+    # Start-up is watched from here, MPI_Init, until the run's watchdog opens (every rank there):
+    # a rank stopped or lost before that would leave the others in their first collective call.
+    if _launcher_size() > 1:
+        limit, why = _early_startup_limit(argv_list)
+        _startup_guard().arm(limit, why)
     ctx = discover()
+    if ctx.size == 1:
+        _startup_guard().end()
     startup.mark("imports_mpi")
     return ctx
+
+
+def _launcher_size() -> int:
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _early_startup_limit(argv_list: list[str]) -> tuple[float, str]:
+    """``fault.startup_seconds`` as the config of ``run``/``resume`` sets it, read before MPI
+    starts (best effort, no errors: the config is read and checked properly later); else the
+    default."""
+    from .config import FaultSection
+
+    default = (FaultSection().startup_seconds, "fault.startup_seconds, its default")
+    try:
+        import tomllib
+        from pathlib import Path
+
+        words = list(argv_list)
+        sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+        sets += [w.split("=", 1)[1] for w in words if w.startswith("--set=")]
+        positional = [w for i, w in enumerate(words) if not w.startswith("-") and (i == 0 or words[i - 1] != "--set")]
+        if positional[:1] == ["run"] and len(positional) > 1:
+            path = Path(positional[1])
+        elif positional[:1] == ["resume"] and len(positional) > 1:
+            path = Path(positional[1]) / "config.toml"
+        else:
+            return default
+        value = tomllib.loads(path.read_text()).get("fault", {}).get("startup_seconds")
+        for s in sets:
+            key, _, v = s.partition("=")
+            if key.strip() == "fault.startup_seconds":
+                value = float(v)
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value), "fault.startup_seconds"
+    except Exception:  # noqa: BLE001 - best effort: the config is checked properly later
+        pass
+    return default

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import re
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -279,3 +281,37 @@ fault.heartbeat_seconds = 0.5
     assert ": rank 1 on " in line and "Traceback" not in r.stderr
     assert (tmp_path / "exit").read_text() == "76\n"
     print(f"\nstudy of one-rank groups, rank 1 stopped: the job ended {took:.1f} s later")
+
+
+@pytest.mark.launcher
+def test_a_rank_stopped_before_the_watchdog_starts_ends_the_job_at_startup_seconds(tmp_path):
+    """Rank 1 stops (SIGSTOP) right after MPI_Init, before the run's watchdog exists: the others
+    waited for it forever in their first collective call, whatever fault.startup_seconds said.
+    Now start-up is watched from MPI_Init on: the job ends with exit 76 and one message once the
+    config's limit (here 6 s) has passed."""
+    wrapper = tmp_path / "stop_rank_1.py"
+    wrapper.write_text(textwrap.dedent('''
+        import os, runpy, signal, sys
+        from mpi4py import MPI  # MPI_Init
+        if os.environ.get("PMI_RANK") == "1":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        sys.argv = ["hpcevo", *sys.argv[1:]]
+        runpy.run_module("hpcevo", run_name="__main__", alter_sys=True)
+        '''))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[run]\ngenerations = 5\n[algorithm]\nname = "cso"\npop_size = 8\n[problem]\nname = "sphere"\n'
+                   'dim = 2\n[fault]\nstartup_seconds = 6\n')
+    t0 = time.monotonic()
+    proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, str(wrapper), "run", str(cfg), "--set",
+                             f"run.out={tmp_path / 'run'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(), start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0 and took < 45, (took, stderr[-3000:])
+    assert stderr.count("start-up has taken") == 1, stderr[-3000:]
+    assert "past its limit of 6 s (fault.startup_seconds)" in stderr and "exit code 76" in stderr
+    assert not (tmp_path / "run").exists()  # nothing written

@@ -87,6 +87,7 @@ class Watchdog:
             dog._open_channel()
             dog._thread = threading.Thread(target=dog._watch, name="hpcevo-watchdog", daemon=True)
             dog._thread.start()
+        STARTUP_GUARD.end()  # (every rank has come this far: the start-up before it is over)
         return dog
 
     # -- the phases ---------------------------------------------------------------------------
@@ -313,3 +314,71 @@ def _ranges(ranks: list[int]) -> str:
             out.append(f"{start}" if start == r else f"{start}-{r}")
             start = None
     return ", ".join(out)
+
+
+class StartupGuard:
+    """Start-up watched from MPI_Init on, before there is a watchdog (``Watchdog.start`` needs
+    every rank): the imports, the context's first collectives, reading and agreeing on the
+    config, binding. A rank stopped or lost there left the others waiting forever in their
+    first collective call. Each rank keeps a clock of its own, with no communication: past
+    ``limit`` seconds since ``arm`` it ends the job (exit code 76, as the watchdog does), rank 0
+    first (the others a little later, so that one message is seen: the launcher ends them)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._since: float | None = None
+        self._limit, self._why = 0.0, ""
+        self._thread: threading.Thread | None = None
+        self.rank = _launcher_rank()
+
+    @property
+    def armed(self) -> bool:
+        return self._since is not None
+
+    def arm(self, limit: float, why: str, *, keep_start: bool = False) -> None:
+        """From now (``keep_start``: from the first ``arm``, if still armed), start-up may take
+        ``limit`` seconds (``why``: where that comes from, for the message)."""
+        with self._cond:
+            if not (keep_start and self._since is not None):
+                self._since = time.monotonic()
+            self._limit, self._why = float(limit), why
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="hpcevo-startup-guard", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        with self._cond:
+            self._since = None
+            self._cond.notify_all()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                if self._since is None:
+                    self._cond.wait()
+                    continue
+                # (rank r fires r/2 s after rank 0, up to 5 s: the lowest rank still running speaks)
+                left = self._since + self._limit + min(self.rank, 10) * 0.5 - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                elapsed = time.monotonic() - self._since
+                sys.stderr.write(
+                    f"hpcevo: error: start-up has taken {elapsed:.0f} s on rank {self.rank} ({socket.gethostname()}), "
+                    f"past its limit of {self._limit:g} s ({self._why}): a rank of the job has not come to its "
+                    "first collective calls (stopped, lost, or slow to start: its imports, a shared file system). "
+                    f"Ending the job (exit code {EXIT_PEER_LOST}).\n")
+                sys.stderr.flush()
+                real_exit(EXIT_PEER_LOST)
+
+
+def _launcher_rank() -> int:
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+STARTUP_GUARD = StartupGuard()
