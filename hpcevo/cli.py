@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _startup_guard().end()
     if ctx is not None:
-        from .parallel.context import skip_end_agreement
+        from .parallel.control import skip_end_agreement
 
         skip_end_agreement()  # (every rank takes the exit agreed on: no collective call at the end)
     _record_exit(ctx, code)

@@ -135,41 +135,14 @@ def discover() -> ParallelContext:
         _CONTEXT = context_for(MPI.COMM_WORLD)
         if _CONTEXT.size > 1:
             _abort_on_uncaught(_CONTEXT)
-            import atexit
-
-            atexit.register(_end_together, _CONTEXT)  # (after mpi4py's: runs before MPI_Finalize)
+            for hook in ON_DISCOVER:
+                hook(_CONTEXT)
     return _CONTEXT
 
 
-END_OF_PROGRAM = "the end of the program (no more collective calls on this rank)"
-_END = {"skip": False}
-
-
-def skip_end_agreement() -> None:
-    """For a program whose ranks end together by construction (hpcevo's command line, whose
-    ranks take one agreed exit): no agreement at exit. (With it, MPICH's mpiexec reported exit
-    code 0 for ranks that exited 75 after a forwarded SIGUSR1, one launch in three.)"""
-    _END["skip"] = True
-
-
-def _end_together(ctx: ParallelContext) -> None:
-    """At exit, every rank agrees that it is ending, as one more collective call. A program that
-    makes a collective call on some ranks only (``loop.ask()`` under ``if rank == 0:``) left
-    that rank waiting forever while the others ended in MPI_Finalize; now it is told, at once,
-    which ranks ended (``agreed``: "ranks are in different collective calls"), and raises there.
-    The ranks ending say nothing (the message belongs where the call was made) and go on to
-    MPI_Finalize, which that rank's uncaught error ends with MPI_Abort."""
-    from mpi4py import MPI
-
-    from ..errors import UsageError
-    from .control import agreed
-
-    if ctx.broken or _END["skip"] or MPI.Is_finalized():
-        return
-    try:
-        agreed(ctx, END_OF_PROGRAM, lambda: None, lambda _: "")
-    except (UsageError, MPI.Exception):
-        pass
+# What a multi-rank job does once discovered (control.py adds the agreement at exit: it needs
+# the agreement, which lives there).
+ON_DISCOVER: list = []
 
 
 def _abort_on_uncaught(ctx: ParallelContext) -> None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import DivergenceError, UsageError, UserCodeExit, user_location
-from .context import ParallelContext, real_exit
+from .context import ON_DISCOVER, ParallelContext, real_exit
 
 T = TypeVar("T")
 
@@ -350,3 +350,41 @@ def abort_if_stuck(ctx: ParallelContext, seconds: float, code: int, message: str
         yield
     finally:
         done.set()
+
+
+# -- the end of the program: one more collective call -------------------------------------------
+END_OF_PROGRAM = "the end of the program (no more collective calls on this rank)"
+_END = {"skip": False}
+
+
+def skip_end_agreement() -> None:
+    """For a program whose ranks end together by construction (hpcevo's command line, whose
+    ranks take one agreed exit): no agreement at exit. (With it, MPICH's mpiexec reported exit
+    code 0 for ranks that exited 75 after a forwarded SIGUSR1, one launch in three.)"""
+    _END["skip"] = True
+
+
+def _end_together(ctx: ParallelContext) -> None:
+    """At exit, every rank agrees that it is ending, as one more collective call. A program that
+    makes a collective call on some ranks only (``loop.ask()`` under ``if rank == 0:``) left
+    that rank waiting forever while the others ended in MPI_Finalize; now it is told, at once,
+    which ranks ended (``agreed``: "ranks are in different collective calls"), and raises there.
+    The ranks ending say nothing (the message belongs where the call was made) and go on to
+    MPI_Finalize, which that rank's uncaught error ends with MPI_Abort."""
+    from mpi4py import MPI
+
+    if ctx.broken or _END["skip"] or MPI.Is_finalized():
+        return
+    try:
+        agreed(ctx, END_OF_PROGRAM, lambda: None, lambda _: "")
+    except (UsageError, MPI.Exception):
+        pass
+
+
+def _at_exit(ctx: ParallelContext) -> None:
+    import atexit
+
+    atexit.register(_end_together, ctx)  # (after mpi4py's own: runs before MPI_Finalize)
+
+
+ON_DISCOVER.append(_at_exit)
