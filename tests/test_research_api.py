@@ -172,6 +172,10 @@ def test_an_initial_value_is_refused_for_what_it_is_not_as_shaping_the_program(c
         loop.set_params(**{name: 0.5})
     with pytest.raises(hpcevo.UsageError, match="shapes the compiled program"):
         loop.set_params(pop_size=12)
+    if cls is CMAES:  # with restarts, each restart starts from sigma_init: not generation 1's alone
+        bipop = hpcevo.Loop(build(cls, restart="bipop", pop_size=48), RASTRIGIN, ctx).init(0)
+        with pytest.raises(hpcevo.UsageError, match="'sigma_init' of CMAES is static \\(a constant of the compiled"):
+            bipop.set_params(sigma_init=0.5)
     cfg = small_config(shared_tmp / "r", algorithm={"name": cls.__name__.lower(), "pop_size": 8})
     hpcevo.run(cfg, quiet=True, ctx=ctx)
     cfg["algorithm"][name] = 0.5

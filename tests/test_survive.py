@@ -64,9 +64,9 @@ def run(n: int | None, *args: str, timeout: float = 300) -> subprocess.Completed
     return subprocess.run(cmd(n, *args), capture_output=True, text=True, timeout=timeout, env=clean_env())
 
 
-def start(n: int, *args: str) -> subprocess.Popen:
+def start(n: int, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(cmd(n, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(), start_new_session=True)
+                            env={**clean_env(), **(env or {})}, start_new_session=True)
 
 
 def wait_for_checkpoints(ckdir: Path, count: int, proc: subprocess.Popen, timeout: float = 240) -> list[Path]:
@@ -156,7 +156,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_a_2_rank_resume_matches_1_rank(tmp
 
 def test_sigusr1_to_the_launcher_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     cfg, out = write_config(tmp_path), tmp_path / "run"
-    proc = start(3, "run", str(cfg), "--set", f"run.out={out}")
+    proc = start(3, "run", str(cfg), "--set", f"run.out={out}", env={"HPCEVO_EXIT_FILE": str(tmp_path / "exit")})
     try:
         wait_for_checkpoints(out / "checkpoints", 2, proc)
         proc.send_signal(signal.SIGUSR1)  # to mpiexec, which forwards it to every rank
@@ -164,7 +164,9 @@ def test_sigusr1_to_the_launcher_checkpoints_exits_75_and_resumes_exactly(tmp_pa
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 75, stderr
+    # (the ranks' code, as job scripts read it: MPICH's mpiexec may report 0 after forwarding a
+    # signal, about one launch in five here)
+    assert (tmp_path / "exit").read_text().strip() == "75" and proc.returncode in (0, 75), stderr
     assert stdout.count("stopped by SIGUSR1 at generation") == 1
     stopped_at = int(stdout.split("stopped by SIGUSR1 at generation")[1].split()[0])
     newest = checkpoint.list_checkpoints(out / "checkpoints")[0]
@@ -187,7 +189,7 @@ def test_a_signal_during_compilation_stops_at_the_first_generation_with_a_checkp
                                                                   'name = "watchdog_problems:slow_to_trace"\n'
                                                                   'lb = -5.0\nub = 5.0'))
     out, mark = tmp_path / "run", tmp_path / "tracing"
-    env = {**clean_env(), "WD_TRACE": "4", "WD_TRACE_MARK": str(mark),
+    env = {**clean_env(), "WD_TRACE": "4", "WD_TRACE_MARK": str(mark), "HPCEVO_EXIT_FILE": str(tmp_path / "exit"),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), clean_env().get("PYTHONPATH", "")])}
     proc = subprocess.Popen(cmd(2, "run", str(cfg), "--set", f"run.out={out}"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -201,7 +203,8 @@ def test_a_signal_during_compilation_stops_at_the_first_generation_with_a_checkp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 75, stderr[-3000:]
+    # (the ranks' code, as job scripts read it: MPICH's mpiexec may report 0 after forwarding a signal)
+    assert (tmp_path / "exit").read_text().strip() == "75" and proc.returncode in (0, 75), stderr[-3000:]
     assert f"stopped by {signal.Signals(sig).name} at generation 1 of 60" in stdout
     assert [p.name for p in checkpoint.list_checkpoints(out / "checkpoints")] == [checkpoint.file_name(1)]
     env.pop("WD_TRACE")

@@ -247,10 +247,13 @@ def dynamic_names(algorithm: Any) -> tuple[str, ...]:
 
 def why_static(algorithm: Any, name: str) -> str:
     """Why ``name`` of ``algorithm`` cannot change while a run goes on (for a refusal)."""
-    if name in getattr(type(algorithm), "initial", ()):
+    initial = getattr(algorithm, "initial_fields", lambda: getattr(type(algorithm), "initial", ()))()
+    if name in initial:
         carried = {"x0": "mean"}.get(name, name.removesuffix("_init"))
         return (f"it sets the state of generation 1 only; the run's state has carried its own {carried} since "
                 "(adapted or decayed there), so a new value mid-run would change nothing: set it when a run starts")
+    if isinstance(getattr(algorithm, name, None), float):
+        return "a constant of the compiled program: a new value is a new program"
     return "it shapes the compiled program"
 
 

@@ -111,6 +111,10 @@ class _CMABase(BaseAlgorithm):
     # restarts <= 9): pop_size defaults to lambda0 * 2^9 with restarts.
     default_doublings = 9
 
+    def initial_fields(self) -> tuple[str, ...]:
+        # With restarts, each restart starts from sigma_init again: more than generation 1's.
+        return self.initial if self.restart == "none" else ("x0",)
+
     @property
     def default_lambda(self) -> int:
         return 4 + int(3 * math.log(self.dim))
