@@ -8,8 +8,14 @@ building, the run directory, the schedule, the checkpoint policy, stop control, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -34,7 +40,7 @@ from .policy import CheckpointPolicy, PhaseLimits, Schedule, next_chunk
 from .report import Reporter
 from .resume import FREE, FREE_IF_BLOCK_INVARIANT, resume_point
 from .rundir import FACES, RecordWriter, RunDir, RunPaths, option
-from .stopping import Decision, StopControl, StopFlag, StopSource, find_deadline
+from .stopping import STOP_SIGNALS, Decision, StopControl, StopFlag, StopSource, find_deadline, signal_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +144,8 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
             # the default handler and killed the process on the spot.
             with run.stop:
                 dog.arm("compiling and the first generation", *limits.compile())
-                run.compile()
+                with _stop_while_compiling(ctx, run, options.face == "cli" and options.stop is None):
+                    run.compile()
                 with run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
                     gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
                     while True:
@@ -179,6 +186,82 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
         finally:
             run.rundir.close()
         return summary, run.loop.history
+
+
+@contextlib.contextmanager
+def _stop_while_compiling(ctx: ParallelContext, run: "Run", enabled: bool) -> Iterator[None]:
+    """While the programs compile (seconds to minutes of XLA, in C++: no Python signal handler
+    runs on the main thread until it returns), a stop signal ends the command at once, exit 75:
+    nothing has been computed since the checkpoint the run resumes from (or since generation 0),
+    so there is nothing to save, and a start with --overwrite puts the replaced run back. The
+    signal reaches a thread of its own through Python's wakeup file descriptor, written by the C
+    handler the moment the signal comes. For the command line (``enabled``); a program of the
+    user's keeps its process, and the run stops at its first boundary as at any other."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import socket
+
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # (not the main thread's interpreter)
+        r.close()
+        w.close()
+        yield
+        return
+    done = threading.Event()
+    wanted = {int(s) for s in STOP_SIGNALS}
+
+    def watch() -> None:
+        while True:
+            try:
+                data = r.recv(64)
+            except OSError:
+                return
+            if done.is_set() or not data:
+                return
+            for signum in data:
+                if signum in wanted:
+                    _stopped_while_compiling(ctx, run, signum)
+
+    thread = threading.Thread(target=watch, name="hpcevo-stop-while-compiling", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        with contextlib.suppress(OSError):
+            w.send(b"\0")
+        thread.join(timeout=1.0)
+        r.close()
+        w.close()
+
+
+def _stopped_while_compiling(ctx: ParallelContext, run: "Run", signum: int) -> None:
+    from ..parallel.context import real_exit
+
+    run.rundir.abandon()  # (rank 0, after an --overwrite: the replaced run back in its place)
+    exit_file = os.environ.get("HPCEVO_EXIT_FILE")
+    if exit_file:  # (what a job script reads: mpiexec may report 0 after a signal; every rank alike)
+        with contextlib.suppress(OSError):
+            Path(exit_file).write_text(f"{EXIT_STOPPED}\n")
+    at = run.resumed_at
+    where = f"generation {at} (its checkpoint stands)" if at is not None else "generation 1 (nothing to save)"
+    text = (f"stopped by {signal_name(signum)} while compiling, before {where}. Continue with: hpcevo run CONFIG "
+            f"--resume  (exit code {EXIT_STOPPED})")
+    if ctx.is_root:
+        run.report.line(text)
+    else:
+        # Rank 0 speaks when it was compiling too (it then ends the job before this); a rank
+        # still compiling while rank 0 waits for it in generation 1 speaks for itself.
+        time.sleep(0.5 + 0.1 * min(ctx.rank, 20))
+        print(f"[rank {ctx.rank}] {text}", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    real_exit(EXIT_STOPPED)
 
 
 # checkpoint.every left at its default (1,000 generations) is a safety net, not a request: such
