@@ -325,13 +325,19 @@ def test_node_killed_mid_study_the_study_goes_on_and_ends_with_the_digests_of_on
     def ended() -> int:
         return sum('"event": "end"' in ln for ln in journal.read_text().splitlines()) if journal.exists() else 0
 
-    def in_progress_with_a_checkpoint() -> bool:
-        return any(not (c.parent.parent / "summary.json").exists()
-                   for c in (tmp_path / "study").glob("runs/*/checkpoints/gen-*.h5"))
+    def on_the_victim_with_a_checkpoint(victim: str) -> bool:
+        # (the run the node takes with it must have a checkpoint: a run elsewhere that has one
+        # says nothing about it, and the victim's then started again from generation 1)
+        events = [json.loads(ln) for ln in journal.read_text().splitlines()] if journal.exists() else []
+        done = {e.get("run") for e in events if e.get("event") == "end"}
+        return any(e.get("event") == "start" and victim in e.get("hosts", []) and e["run"] not in done
+                   and any((tmp_path / "study" / "runs" / e["run"] / "checkpoints").glob("gen-*.h5"))
+                   for e in events)
 
-    wait_for(lambda: ended() >= 1 and in_progress_with_a_checkpoint(), 300, "runs")
+    wait_for(lambda: ended() >= 1, 300, "runs")
     info = cluster.job(job)
     victim = next(n for n in hostnames(cluster, info["NodeList"]) if n != info["BatchHost"])
+    wait_for(lambda: on_the_victim_with_a_checkpoint(victim), 300, f"a run on {victim} with a checkpoint")
     killed, runs_ended = time.time(), ended()
     cluster.kill_node(victim)
     log_path = tmp_path / f"job-{job}.out"
