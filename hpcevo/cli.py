@@ -17,6 +17,7 @@ import sys
 import traceback
 
 from .errors import UsageError
+from .launcher import launcher_rank, launcher_size
 
 
 class _Parser(argparse.ArgumentParser):
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     # (plan, status and report read files: no MPI, as on a login node)
     offline = argv_list[:1] in (["jobs"], ["model"]) or (argv_list[:1] == ["study"] and argv_list[1:2] in (
         ["plan"], ["status"], ["report"]))
-    if offline and _launcher_rank() > 0:
+    if offline and launcher_rank() > 0:
         return 0  # started by a launcher anyway: rank 0 alone writes, submits and speaks
     ctx = None if offline else _discover(argv_list)
     try:
@@ -338,15 +339,6 @@ def main(argv: list[str] | None = None) -> int:
         skip_end_agreement()  # (every rank takes the exit agreed on: no collective call at the end)
     _record_exit(ctx, code)
     return code
-
-
-def _launcher_rank() -> int:
-    """This process's rank as the launcher's environment says, without MPI (0 when alone)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def _record_exit(ctx, code: int) -> None:
@@ -408,7 +400,7 @@ def _discover(argv_list: list[str]):
 
     # Start-up is watched from here, MPI_Init, until the run's watchdog opens (every rank there):
     # a rank stopped or lost before that would leave the others in their first collective call.
-    if _launcher_size() > 1:
+    if launcher_size() > 1:
         limit, why = _early_startup_limit(argv_list)
         _startup_guard().arm(limit, why)
     ctx = discover()
@@ -418,42 +410,23 @@ def _discover(argv_list: list[str]):
     return ctx
 
 
-def _launcher_size() -> int:
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
-
-
 def _early_startup_limit(argv_list: list[str]) -> tuple[float, str]:
-    """``fault.startup_seconds`` as the config of ``run``/``resume`` sets it, read before MPI
-    starts (best effort, no errors: the config is read and checked properly later); else the
-    default."""
-    from .config import FaultSection
+    """``fault.startup_seconds`` as the config of ``run``/``resume`` sets it, before MPI starts;
+    else the default."""
+    from pathlib import Path
 
-    default = (FaultSection().startup_seconds, "fault.startup_seconds, its default")
-    try:
-        import tomllib
-        from pathlib import Path
+    from .config import FaultSection, peek_startup_seconds
 
-        words = list(argv_list)
-        sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
-        sets += [w.split("=", 1)[1] for w in words if w.startswith("--set=")]
-        positional = [w for i, w in enumerate(words) if not w.startswith("-") and (i == 0 or words[i - 1] != "--set")]
-        if positional[:1] == ["run"] and len(positional) > 1:
-            path = Path(positional[1])
-        elif positional[:1] == ["resume"] and len(positional) > 1:
-            path = Path(positional[1]) / "config.toml"
-        else:
-            return default
-        value = tomllib.loads(path.read_text()).get("fault", {}).get("startup_seconds")
-        for s in sets:
-            key, _, v = s.partition("=")
-            if key.strip() == "fault.startup_seconds":
-                value = float(v)
-        if isinstance(value, (int, float)) and value > 0:
-            return float(value), "fault.startup_seconds"
-    except Exception:  # noqa: BLE001 - best effort: the config is checked properly later
-        pass
-    return default
+    words = list(argv_list)
+    sets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set"]
+    sets += [w.split("=", 1)[1] for w in words if w.startswith("--set=")]
+    positional = [w for i, w in enumerate(words) if not w.startswith("-") and (i == 0 or words[i - 1] != "--set")]
+    path = None
+    if positional[:1] == ["run"] and len(positional) > 1:
+        path = Path(positional[1])
+    elif positional[:1] == ["resume"] and len(positional) > 1:
+        path = Path(positional[1]) / "config.toml"
+    value = None if path is None else peek_startup_seconds(path, sets)
+    if value is None:
+        return FaultSection().startup_seconds, "fault.startup_seconds, its default"
+    return value, "fault.startup_seconds"

@@ -273,6 +273,18 @@ def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> dict:
     return data
 
 
+def peek_startup_seconds(path: str | Path, overrides: typing.Sequence[str] = ()) -> float | None:
+    """``fault.startup_seconds`` as the config file ``path`` with ``overrides`` sets it, read
+    before MPI starts (the start-up guard's limit), or None: best effort, never an error (the
+    config is read and checked properly later)."""
+    try:
+        data = apply_overrides(tomllib.loads(Path(path).read_text()), overrides)
+        value = data.get("fault", {}).get("startup_seconds")
+    except Exception:  # noqa: BLE001 - anything wrong here is reported by the real reading
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
 def _apply_override(data: dict, keys: list[str], value: Any, text: str) -> None:
     node = data
     for i, k in enumerate(keys[:-1]):

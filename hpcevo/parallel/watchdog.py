@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..launcher import launcher_rank
 from .context import ParallelContext, real_exit
 
 EXIT_PEER_LOST = 76
@@ -329,7 +330,7 @@ class StartupGuard:
         self._since: float | None = None
         self._limit, self._why = 0.0, ""
         self._thread: threading.Thread | None = None
-        self.rank = _launcher_rank()
+        self.rank = launcher_rank()
 
     @property
     def armed(self) -> bool:
@@ -371,14 +372,6 @@ class StartupGuard:
                     f"Ending the job (exit code {EXIT_PEER_LOST}).\n")
                 sys.stderr.flush()
                 real_exit(EXIT_PEER_LOST)
-
-
-def _launcher_rank() -> int:
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 STARTUP_GUARD = StartupGuard()
