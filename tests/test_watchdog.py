@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -160,6 +161,17 @@ def launch(tmp: Path, n: int, *, generations: int, problem: str = "slowing", env
     return r
 
 
+def launch_twins(tmp: Path, twins: dict[str, dict], **common) -> dict:
+    """``launch`` of each twin (name: its own keywords) at the same time, each in ``tmp / name``:
+    a twin spends its time sleeping or waiting for a stalled rank, so two side by side take the
+    time of one and neither slows the other past what its test allows."""
+    for name in twins:
+        (tmp / name).mkdir()
+    with ThreadPoolExecutor(len(twins)) as pool:
+        futures = {name: pool.submit(launch, tmp / name, **{**common, **kw}) for name, kw in twins.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def stall_time(out: str) -> float:
     return float(next(ln for ln in out.splitlines() if ln.startswith("WD-STALL")).split()[-1])
 
@@ -196,13 +208,12 @@ def test_generations_slowing_down_10x_gradually_are_not_ended_but_a_sudden_20x_j
     from 0.1 s to 2 s at generation 20 (a dispatch, with its overheads, takes a little more than
     its evaluation) and is ended there. (Halved, 0.05 to 0.5 s and a jump to 1 s, the jump was
     once ended at "has taken 3.0 s" without "Every rank still answers": the sizes stay.)"""
-    (tmp_path / "slow").mkdir()
-    slow = launch(tmp_path / "slow", 2, generations=45, env={"WD_SLOW": "grow:0.1:10:40"}, min_seconds=0.5)
+    r = launch_twins(tmp_path, {"slow": {"env": {"WD_SLOW": "grow:0.1:10:40"}},
+                                "jump": {"env": {"WD_SLOW": "jump:0.1:2.0:20"}}}, n=2, generations=45, min_seconds=0.5)
+    slow, jump = r["slow"], r["jump"]
     assert slow.returncode == 0, slow.stderr[-3000:]
     summary = json.loads((tmp_path / "slow" / "run" / "summary.json").read_text())
     assert summary["generations"] == 45 and summary["status"] == "complete"
-    (tmp_path / "jump").mkdir()
-    jump = launch(tmp_path / "jump", 2, generations=45, env={"WD_SLOW": "jump:0.1:2.0:20"}, min_seconds=0.5)
     assert jump.returncode == 76, jump.stderr[-3000:]
     assert "fault.slowdown = 10 x the slowest recent dispatch" in jump.stderr
     assert "Every rank still answers" in jump.stderr
@@ -212,11 +223,11 @@ def test_generations_slowing_down_10x_gradually_are_not_ended_but_a_sudden_20x_j
 def test_a_long_first_compilation_is_not_ended_unless_past_compile_seconds(tmp_path):
     """Rank 1 takes 5 s to trace the problem while the others wait for it in generation 1: far past
     fault.min_seconds (2 s), inside fault.compile_seconds. Its twin sets compile_seconds = 3."""
-    for name, extra, code in (("ok", "", 0), ("short", "compile_seconds = 3", 76)):
-        (tmp_path / name).mkdir()
-        r = launch(tmp_path / name, 2, generations=30, problem="slow_to_trace", env={"WD_TRACE": "5"},
-                   fault_lines=extra)
-        assert r.returncode == code, (name, r.stderr[-3000:])
+    runs = launch_twins(tmp_path, {"ok": {}, "short": {"fault_lines": "compile_seconds = 3"}}, n=2, generations=30,
+                        problem="slow_to_trace", env={"WD_TRACE": "5"})
+    for name, code in (("ok", 0), ("short", 76)):
+        assert runs[name].returncode == code, (name, runs[name].stderr[-3000:])
+    r = runs["short"]
     assert "compiling and the first generation has taken" in r.stderr and "(fault.compile_seconds)" in r.stderr
 
 
@@ -225,11 +236,11 @@ def test_a_slow_checkpoint_write_is_not_ended_unless_past_checkpoint_seconds(tmp
     """Rank 1 takes 4 s longer for each checkpoint (every 10 generations) while rank 0 waits for it
     inside the collective write: far past fault.min_seconds (2 s). Its twin sets
     checkpoint_seconds = 3."""
-    for name, extra, code in (("ok", "", 0), ("short", "checkpoint_seconds = 3", 76)):
-        (tmp_path / name).mkdir()
-        r = launch(tmp_path / name, 2, generations=20, env={"WD_CHECKPOINT": "4"}, fault_lines=extra,
-                   checkpoint_every=10)
-        assert r.returncode == code, (name, r.stderr[-3000:])
+    runs = launch_twins(tmp_path, {"ok": {}, "short": {"fault_lines": "checkpoint_seconds = 3"}}, n=2, generations=20,
+                        env={"WD_CHECKPOINT": "4"}, checkpoint_every=10)
+    for name, code in (("ok", 0), ("short", 76)):
+        assert runs[name].returncode == code, (name, runs[name].stderr[-3000:])
+    r = runs["short"]
     assert "the checkpoint at generation 10 has taken" in r.stderr and "(fault.checkpoint_seconds)" in r.stderr
 
 
