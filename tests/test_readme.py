@@ -2,8 +2,9 @@
 examples, and its config snippets, each a complete config or marked with the example it extends.
 
 What the command test changes, so that it runs in minutes on a laptop (and nothing else):
-- runs get 10 generations, and an explicit ``run.generations=N`` becomes at most 20 (so
-  ``resume ... --set run.generations=5000`` still continues a run); the API scripts get
+- runs get 10 generations (the external-command example 3: each evaluation is a process), and
+  an explicit ``run.generations=N`` becomes at most 20 (so ``resume ... --set
+  run.generations=5000`` still continues a run); the API scripts get
   ``--generations 10``; a study, 2 seeds of 20 generations;
 - ``mpiexec -n K`` runs at most 2 ranks (the 1-4-rank equalities are other tests' work);
 - it skips what needs something this suite does not have: ``sbatch``/``qsub`` (a scheduler: see
@@ -64,7 +65,9 @@ def shorten(line: str) -> str:
     line = re.sub(r"mpiexec -n (\d+)", lambda m: f"mpiexec -n {min(int(m.group(1)), 2)}", line)
     line = re.sub(r"run\.generations=(\d+)", lambda m: f"run.generations={min(int(m.group(1)), 20)}", line)
     if "run.generations" not in line:
-        line = line.replace("-m hpcevo run ", "-m hpcevo run --set run.generations=10 ")
+        # (3 for the external-command example: each evaluation starts a Python process)
+        n = 3 if "host_command" in line else 10
+        line = line.replace("-m hpcevo run ", f"-m hpcevo run --set run.generations={n} ")
     line = re.sub(r"(examples/api_\w+\.py)", r"\1 --generations 10", line)
     # a study: 2 seeds of 20 generations (every command on it says so, or they would disagree on its runs)
     line = re.sub(r"(-m hpcevo study (?:(?:plan|status|report|run) )?\S+)",
