@@ -1,5 +1,6 @@
 """The suite's own tools: the shards CTest splits the one-process tiers into (conftest.py's
---shard) must partition the tests, or a test would silently run twice or never; the profile table
+--shard) must partition the tests, or a test would silently run twice or never; the runner of
+shards side by side (tests/run_shards.py) must fail when any shard fails; the profile table
 (scripts/suite-profile.py) must add up what the per-test records say, per file and tier."""
 
 from __future__ import annotations
@@ -40,6 +41,30 @@ def test_shards_partition_the_selected_tests_and_balance_them():
     assert shards[0] == whole[0::3] and shards[2] == whole[2::3]
     bad = collected("--shard", "3/3")
     assert bad.returncode != 0 and "0 <= I < N" in bad.stderr
+
+
+@pytest.mark.single_process
+def test_shards_side_by_side_run_every_test_once_and_fail_when_one_shard_fails(tmp_path):
+    # a plugin that fails one chosen test: the shard that holds it must fail the whole run
+    (tmp_path / "fail_one.py").write_text(
+        "import os\n"
+        "def pytest_runtest_call(item):\n"
+        "    if item.name == os.environ.get('FAIL_TEST'):\n"
+        "        raise AssertionError('failed on purpose')\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "HPCEVO_TEST_PROFILE"}, "PYTHONPATH": str(tmp_path)}
+
+    def shards(fail: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "tests/run_shards.py", "2", "-q", "-p", "no:cacheprovider", "-p",
+                               "fail_one", "-m", "single_process", "tests/test_model.py"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300, env={**env, "FAIL_TEST": fail})
+
+    ok = shards("")
+    assert ok.returncode == 0, ok.stdout[-3000:]
+    assert "shard 0/2: exit 0" in ok.stdout and "shard 1/2: exit 0" in ok.stdout
+    assert "3 passed" in ok.stdout and "2 passed" in ok.stdout  # 5 tests, each once
+    for name in ("test_alpha_beta_fit_recovers_the_line", "test_collective_formulas"):  # in shard 0, in shard 1
+        bad = shards(name)
+        assert bad.returncode == 1 and "failed on purpose" in bad.stdout, bad.stdout[-3000:]
 
 
 @pytest.mark.single_process
