@@ -7,8 +7,8 @@ of another kind, and a collective call ends the same way on every rank.
 
 The cases come from a seeded generator, the same on every rank; in about a third of them the
 last rank is handed something else than the others. A case still running after ``LIMIT``
-seconds is a hang: it is printed and the job is ended (the suite fails). 150 cases at 1 and 3
-ranks; every fourth at 2 and 4.
+seconds is a hang: it is printed and the job is ended (the suite fails). 150 cases at 1 rank;
+every second at 3 ranks, and every fourth of the others at 2 and 4.
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def outcome(case: Case, args: dict, ctx, tmp: Path) -> tuple[str, str]:
 @pytest.mark.slow
 def test_no_api_call_ends_in_a_hang_a_bare_exception_or_different_endings(ctx, shared_tmp):
     cases = all_cases(ctx.size)
-    if ctx.size in (2, 4):
-        cases = cases[::4]
+    if ctx.size > 1:  # half at 3 ranks; at 2 and 4, every fourth of the other half
+        cases = cases[::2] if ctx.size == 3 else cases[1::4]
     os.environ["HPCEVO_FUZZ_RANK"] = str(ctx.rank)
     seen = {"ok": 0, "error": 0, "differing": 0}
     try:
@@ -253,7 +253,7 @@ def test_no_api_call_ends_in_a_hang_a_bare_exception_or_different_endings(ctx, s
         del os.environ["HPCEVO_FUZZ_RANK"]
     print("API fuzz:", seen)
     if ctx.size in (1, 3):
-        assert len(cases) >= 100 and seen["differing"] >= 30
+        assert len(cases) >= 150 // ctx.size and seen["differing"] >= 30 // ctx.size
     # (The mix, not a result: at 3 ranks 14 of 150 end well since a run whose first generation
     # failed everywhere is an error, as host=True on a JAX function of one candidate now is.)
     assert seen["ok"] >= len(cases) // 12 and seen["error"] >= len(cases) // 3, seen
