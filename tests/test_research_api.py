@@ -296,3 +296,63 @@ def test_ranks_in_different_collective_calls_hear_it_at_once(ctx):
     with pytest.raises(hpcevo.UsageError, match=r"the ranks are in different collective calls: rank 0 in Loop.ask.*"
                                                 r"in Loop.evaluate's candidates.*same collective calls in the same order"):
         loop.ask() if ctx.rank == 0 else loop.evaluate(np.zeros((4, 6)))
+
+
+LAUNCH = r"""
+import json, os, sys
+import jax.monitoring
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, *a, **k: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+import hpcevo
+from hpcevo.algorithms import CSO
+problem = hpcevo.problems.make_problem("sphere", 3)
+
+def loop(setting):
+    return hpcevo.Loop(CSO(pop_size=8, dim=3, lb=-1.0, ub=1.0), problem, compile_cache=setting)
+
+if sys.argv[1] == "refused":  # JAX has no cache yet ("off"): a bad directory or type is one UsageError
+    said = []
+    for setting in (sys.argv[2], 3):
+        try:
+            loop(setting)
+        except hpcevo.UsageError as e:
+            said.append(str(e))
+    print(json.dumps({"cache": loop("off").compile_cache, "said": said}))
+else:
+    lp = loop(sys.argv[1]).init(0).advance(5)
+    print(json.dumps({"cache": lp.compile_cache, "hits": len(hits), "digest": lp.digest()}))
+"""
+
+
+@pytest.mark.single_process
+@pytest.mark.slow  # three interpreters start
+def test_a_loop_script_keeps_its_programs_for_its_next_launch(tmp_path):
+    """A script's Loop compiled its programs again at every launch (issue 41: 11-16 s each): by
+    default it now keeps them in the per-user cache, as the command line does; "off" keeps none,
+    and a directory others could write is refused."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "HPCEVO_TEST_PROFILE")}
+
+    def launch(*args, home):
+        r = subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, timeout=300,
+                           env={**env, "XDG_CACHE_HOME": str(home)})
+        assert r.returncode == 0, r.stderr[-3000:]
+        return __import__("json").loads(r.stdout.strip().splitlines()[-1])
+
+    cache = tmp_path / "home" / "hpcevo" / "jax-cache"
+    first, second = launch("auto", home=tmp_path / "home"), launch("auto", home=tmp_path / "home")
+    assert first["cache"] == second["cache"] == str(cache) and first["hits"] == 0
+    assert second["hits"] >= 2 and second["digest"] == first["digest"]  # its programs, loaded
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    off = launch("refused", str(shared), home=tmp_path / "home2")
+    assert off["cache"] is None and not (tmp_path / "home2").exists()
+    assert len(off["said"]) == 2 and "is writable by other users" in off["said"][0] and "compile_cache" in off["said"][0]
+    assert "got int" in off["said"][1]

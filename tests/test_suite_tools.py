@@ -44,6 +44,7 @@ def test_shards_partition_the_selected_tests_and_balance_them():
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # four pytest processes start
 def test_shards_side_by_side_run_every_test_once_and_fail_when_one_shard_fails(tmp_path):
     # a plugin that fails one chosen test: the shard that holds it must fail the whole run
     (tmp_path / "fail_one.py").write_text(

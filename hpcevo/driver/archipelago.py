@@ -8,6 +8,7 @@ archipelago reports (history, best, digest, checkpoints) is gathered from the is
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +20,7 @@ from ..algorithms import migration as mig
 from ..algorithms.base import Algorithm
 from ..errors import DivergenceError, UsageError
 from ..parallel import ParallelContext, agree_same, agreed, allgather_obj, collective_stage, user_code
-from . import arguments
+from . import arguments, build
 from .engine import state_digest
 from .islands import IslandsEngine, Totals
 from .loop import HistoryBuffer, as_loop_problem, chunks, context, evaluations, user_errors
@@ -31,15 +32,17 @@ class Archipelago:
     """``algorithms[i]`` on island i, all on ``problem`` (a JAX ``Problem``), over ``ctx``.
 
     ``names``: how the log and the summary call each island's algorithm (default: the class
-    name). ``microbatch``, ``batch_size``: as for ``Loop``, for every island.
+    name). ``microbatch``, ``batch_size``, ``compile_cache``: as for ``Loop``, for every island.
     """
 
     def __init__(self, algorithms: Sequence[Algorithm], problem: Any, ctx: ParallelContext | None = None,
                  migration: mig.Migration = mig.Migration(50, 1), *, names: Sequence[str] | None = None,
-                 microbatch: int | None = None, batch_size: int | None = None):
+                 microbatch: int | None = None, batch_size: int | None = None,
+                 compile_cache: str | os.PathLike = "auto"):
         ctx = context(ctx, "Archipelago")
         opts: dict[str, Any] = {}
         with collective_stage(ctx), user_code(ctx, "the problem"):
+            self.compile_cache = build.enable_api_compile_cache(compile_cache, "Archipelago")  # as Loop's
             opts = arguments.options("Archipelago", microbatch=microbatch, batch_size=batch_size)
             algorithms, names = _checked_islands(algorithms, names, migration)
             problem = as_loop_problem(problem, algorithms[0], opts.pop("host"))

@@ -405,13 +405,53 @@ def enable_compile_cache(cfg: RunConfig) -> tuple[str | None, str]:
                                   "can write (or \"auto\", or \"off\")", "parallel.compile_cache")
             path = setting
         jax.config.update("jax_compilation_cache_dir", str(path))
+    _cache_settings(Path(path))
+    return str(path), note
+
+
+def enable_api_compile_cache(setting: str | os.PathLike, face: str) -> str | None:
+    """The persistent compilation cache for the research API (``Loop``, ``Archipelago``, built
+    by a user's script): ``setting`` "auto" points JAX at the per-user cache
+    (``$XDG_CACHE_HOME/hpcevo/jax-cache``) when it passes ``enable_compile_cache``'s check (none
+    otherwise), a path at that directory (UsageError, naming ``face``'s argument, if it fails
+    the check), "off" at none. A cache JAX already has (JAX_COMPILATION_CACHE_DIR, a run earlier
+    in the process) is kept whatever the setting. The directory in use, or None. (Without it a
+    script compiled its programs again at every launch: 11-16 s each, issue 41.)"""
+    import jax
+
+    from ..errors import UsageError
+
+    if not isinstance(setting, (str, os.PathLike)):
+        raise UsageError(f"{face}(compile_cache=...): \"auto\", \"off\" or a directory, got {type(setting).__name__}")
+    path = jax.config.jax_compilation_cache_dir
+    if not path:
+        if setting == "off":
+            return None
+        if setting == "auto":
+            path = user_cache_dir()
+            if _private_dir(path):
+                return None
+        else:
+            why = _private_dir(Path(setting))
+            if why:
+                raise UsageError(f"{face}(compile_cache='{setting}'): the directory {why}: a compilation cache "
+                                 "holds programs that every run loads and executes; give a directory only you "
+                                 "can write (or \"auto\", or \"off\")")
+            path = setting
+        jax.config.update("jax_compilation_cache_dir", str(path))
+    _cache_settings(Path(path))
+    return str(path)
+
+
+def _cache_settings(path: Path) -> None:
+    import jax
+
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         # Most of our programs compile in well under a second each, and together they are most
         # of a launch: JAX's default (skip those under 1 s) would cache almost none of them.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if jax.config.jax_compilation_cache_max_size < 0 and "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
-        prune_compile_cache(Path(path))
-    return str(path), note
+        prune_compile_cache(path)
 
 
 def prune_compile_cache(path: Path, max_bytes: int = COMPILE_CACHE_MAX_BYTES,

@@ -659,8 +659,10 @@ def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built, coco: CocoLog |
     """One population's ``Loop``, or with [islands] an ``Archipelago``."""
     p, e = cfg.parallel, cfg.evaluation
     if parts.islands is not None:
-        return Archipelago(parts.islands[0], parts.problem, ctx, build.migration(cfg), names=parts.islands[1], microbatch=p.microbatch or None, batch_size=e.batch_size or None)
+        return Archipelago(parts.islands[0], parts.problem, ctx, build.migration(cfg), names=parts.islands[1],
+                           microbatch=p.microbatch or None, batch_size=e.batch_size or None,
+                           compile_cache="off")  # (the run's own cache is set: Built.of)
     return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
                 penalty=e.penalty, observe=None if coco is None else coco.observe,
-                observe_x=coco is not None and coco.with_x)
+                observe_x=coco is not None and coco.with_x, compile_cache="off")

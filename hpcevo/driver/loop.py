@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,7 +38,7 @@ from ..errors import ConfigError, UsageError, did_you_mean, user_location
 from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
-from . import arguments
+from . import arguments, build
 from .engine import (MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params, fingerprint,
                      state_digest)
 from .host_engine import HostEngine
@@ -80,19 +81,25 @@ class Loop:
     ``penalty``: host problems only (``host_engine.HostEngine``). ``observe``: called (on every
     rank) with each dispatch's fitness values of the rows used, in the order they were
     evaluated, and with ``observe_x`` their candidates too (``observe(f, x)``), for a logger
-    that needs every evaluation (COCO's data: ``hpcevo.coco``).
+    that needs every evaluation (COCO's data: ``hpcevo.coco``). ``compile_cache``: where the
+    compiled programs are kept for the next launch of the script: "auto" (the per-user cache,
+    ``$XDG_CACHE_HOME/hpcevo/jax-cache``, when only this user can write it), a directory of
+    yours, or "off"; a cache JAX already has (``JAX_COMPILATION_CACHE_DIR``, a run before) is
+    kept. The one in use: ``loop.compile_cache``.
     """
 
     def __init__(self, algorithm: Algorithm, problem: Any, ctx: ParallelContext | None = None, *,
                  host: bool = False, microbatch: int | None = None, batch_size: int | None = None,
                  recorder: Any = None, concurrency: int = 1, schedule: str = "static", penalty: float = math.inf,
-                 observe: Callable[..., None] | None = None, observe_x: bool = False):
+                 observe: Callable[..., None] | None = None, observe_x: bool = False,
+                 compile_cache: str | os.PathLike = "auto"):
         ctx = context(ctx, "Loop")
         opts: dict[str, Any] = {}
         # Every argument is checked on every rank, and the ranks agree before the engine (which
         # may duplicate a communicator) is built: one rank's bad or different input is every
         # rank's error. Converting a function traces the user's code: it may end its process.
         with collective_stage(ctx), user_code(ctx, "the problem"):
+            self.compile_cache = build.enable_api_compile_cache(compile_cache, "Loop")
             opts = arguments.options("Loop", microbatch=microbatch, batch_size=batch_size, concurrency=concurrency,
                                      schedule=schedule, penalty=penalty, host=host)
             algorithm = arguments.checked_algorithm(algorithm, "Loop")
