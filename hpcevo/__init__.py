@@ -12,6 +12,8 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
     loop = hpcevo.Loop(algorithm, problem, ctx).init(seed=0)   # the step-level API
     loop.advance(100); loop.best_fitness; loop.save("ckpt/")
     x = loop.ask(); loop.tell(x, loop.evaluate(x))             # ask/tell, bitwise one advance(1)
+    batch = hpcevo.Batch([hpcevo.Loop(algorithm, problem, ctx) for s in seeds]).init(seeds)
+    batch.advance(100)                                         # one program for all: each run bitwise alone
     loop.set_params(F=0.9)                                     # hyper-parameters as data
     hpcevo.run(cfg, hooks=[...], stop_when=[hpcevo.hooks.Target(1e-6)])   # hooks at log boundaries
     arch = hpcevo.Archipelago([CSO(...), DE(...)], problem, ctx,   # islands, the same way
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from .api import load_config as load_config, load_study as load_study, run as run, study as study
     from .config import RunConfig as RunConfig
     from .driver.archipelago import Archipelago as Archipelago
+    from .driver.batch import Batch as Batch
     from .driver.loop import Loop as Loop
     from .driver.result import Result as Result, RunRecord as RunRecord, open_run as open_run
     from .driver.stopping import StopFlag as StopFlag
@@ -62,6 +65,7 @@ _NAMES = {
     "RunConfig": "hpcevo.config",
     "Loop": "hpcevo.driver.loop",
     "Archipelago": "hpcevo.driver.archipelago",
+    "Batch": "hpcevo.driver.batch",
     "Migration": "hpcevo.algorithms.migration",
     "StopFlag": "hpcevo.driver.stopping",
     "Algorithm": "hpcevo.algorithms.base",

@@ -7,6 +7,7 @@
     islands.py      IslandsEngine: this rank's islands in one jitted call, migration inside it
     recording.py    what a run keeps besides the algorithm's state (best so far, or the front)
     loop.py         Loop: one population on the ranks (the step-level API that ``execute`` drives)
+    batch.py        Batch: many Loops of one program advanced together, each bitwise alone
     archipelago.py  Archipelago: islands on the ranks, with Loop's interface
     execute.py      execute(): the run loop, and the named pieces it calls (RunOptions, Held)
     policy.py       the schedule of boundaries, when a checkpoint is due

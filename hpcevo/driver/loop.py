@@ -138,10 +138,13 @@ class Loop:
         self.compile(seed, first=True)
         self.state, part = self.engine.start(seed, self._data())
         self.seed, self.generation, self._pending = seed, 1, None
-        self._history = HistoryBuffer()
-        self._evaluations = 0
+        self._restart_history()
         self._took(part)
         return self
+
+    def _restart_history(self) -> None:
+        self._history = HistoryBuffer()
+        self._evaluations = 0
 
     def advance(self, generations: int = 1) -> "Loop":
         """Run ``generations`` more, in dispatches of at most ``MAX_CHUNK`` generations, or fewer:
@@ -154,9 +157,7 @@ class Loop:
         for k in chunks(n, self.engine.max_chunk):
             if self.check_limits() is not None:
                 break
-            left = None if self._limits.evaluations is None else self._limits.evaluations - self._evaluations
-            limits = self._limits._replace(evaluations=left, window=self._stagnation_window())
-            self.state, part = self.engine.advance(self.state, k, self._data(), limits)
+            self.state, part = self.engine.advance(self.state, k, self._data(), self._dispatch_limits())
             self.generation += len(part["evaluations"])
             self._took(part)
         self.check_limits()
@@ -208,6 +209,11 @@ class Loop:
         elif lim.stagnation is not None and self._stalled(lim.stagnation, lim.tolerance):
             self.met = "stagnation"
         return self.met
+
+    def _dispatch_limits(self) -> Limits:
+        """The limits of the next dispatch: the evaluations left, the stagnation window so far."""
+        left = None if self._limits.evaluations is None else self._limits.evaluations - self._evaluations
+        return self._limits._replace(evaluations=left, window=self._stagnation_window())
 
     def _stalled(self, k: int, tolerance: float) -> bool:
         # hooks.Stagnation's rule, in the run's dtype as the compiled loop computes it.

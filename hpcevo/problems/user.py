@@ -130,6 +130,20 @@ class UserProblem(Problem):
 
     __call__ = evaluate
 
+    # Two wrappings of the same function (or object) with the same settings are the same
+    # problem: Loops built from one function share an engine, so a seed sweep, or a Batch of
+    # its runs, compiles one program (each wrapping was its own program before).
+    def _settings(self) -> tuple:
+        return (self.name, self.dim, self.lb, self.ub, self.batched, self.num_objectives, self.wants_generation,
+                self.block_invariant)
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and self.meta is other.meta  # type: ignore[attr-defined]
+                and self.fn == other.fn and self._settings() == other._settings())  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self._settings(), id(self.meta)))
+
     def pareto_front(self) -> np.ndarray | None:
         front = getattr(self.meta, "pareto_front", None)
         return None if front is None else front()

@@ -1,0 +1,162 @@
+"""Many small runs: one at a time, as one ``hpcevo.Batch``, and as evosax's users batch them.
+
+    python -m benchmarks.batch                      # the campaign sizes below, K = 256 runs
+    python -m benchmarks.batch --runs 64 --generations 100 --only cmaes
+    taskset -c 1 python -m benchmarks.batch         # one core, as a rank of a study gets
+
+Each row: K runs of one algorithm on a plain Rastrigin written as a user writes it (no
+block-invariance tricks), small populations and dimensions (a BBOB campaign's sizes), G
+generations each. Three sides in one process, one XLA thread, the same XLA flags (hpcevo's rank
+binding: AVX2), compilation excluded (every side runs once first), rounds alternating:
+
+- **one at a time**: a Python loop over the runs, ``Loop.advance(G)`` each (what a seed sweep in a
+  script, or a study today, does per run);
+- **hpcevo.Batch**: the same K loops, ``Batch(loops).advance(G)``: one dispatch for all, each run
+  bitwise the run alone (``engine.run_each``: the runs one after another inside the program);
+- **evosax vmap** (0.3, where it has the algorithm): ``jax.vmap`` of its ``ask -> evaluate -> tell``
+  over K keys inside one jitted ``lax.scan`` (vectorised over the runs; no run equals its run
+  alone, no history, no budgets, no checkpoints).
+
+Prints run-generations per second, medians of ``--repeats`` rounds, and the ratios; writes every
+sample to ``benchmarks/results/batch-<date>.json``. Needs evosax for its column
+(``pip install -e '.[bench]'``); without it that column is empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# (algorithm, pop, dim): a BBOB campaign's kind of run (pycma's default lambda at dim 5 is 8)
+ROWS = [("cmaes", 8, 5), ("cmaes", 12, 20), ("pso", 32, 10), ("de", 32, 10), ("openes", 16, 10), ("snes", 16, 10)]
+
+
+def rastrigin(x):
+    """As a user writes it: one candidate or a block, the last axis summed."""
+    import jax.numpy as jnp
+
+    return 10.0 * x.shape[-1] + jnp.sum(x * x - 10.0 * jnp.cos(2.0 * jnp.pi * x), axis=-1)
+
+
+def hpcevo_sides(ctx, name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
+    import hpcevo
+    from hpcevo.algorithms import ALGORITHMS
+
+    algorithm = ALGORITHMS[name](pop_size=pop, dim=dim, lb=(-5.12,) * dim, ub=(5.12,) * dim)
+    alone = [hpcevo.Loop(algorithm, rastrigin, ctx, compile_cache="off") for _ in range(runs)]
+    together = [hpcevo.Loop(algorithm, rastrigin, ctx, compile_cache="off") for _ in range(runs)]
+    for j, loop in enumerate(alone):
+        loop.init(j)
+    batch = hpcevo.Batch(together).init(list(range(runs)))
+
+    def one_at_a_time():
+        for loop in alone:
+            loop.advance(gens)
+
+    def batched():
+        batch.advance(gens)
+
+    one_at_a_time(), batched()  # compile and warm
+    # Same seeds, same generations: the batch's runs are the runs alone, bit for bit.
+    assert [loop.digest() for loop in alone] == batch.digests(), "a batched run differs from its run alone"
+    return {"one at a time": one_at_a_time, "hpcevo.Batch": batched}
+
+
+def evosax_side(name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
+    try:
+        from evosax import algorithms as ev
+    except ImportError:
+        return {}
+    import jax
+    import jax.numpy as jnp
+
+    cls = {"pso": ev.PSO, "de": ev.DifferentialEvolution, "cmaes": ev.CMA_ES, "openes": ev.Open_ES,
+           "snes": ev.SNES}.get(name)
+    if cls is None:
+        return {}
+    es = cls(population_size=pop, solution=jnp.zeros((dim,), jnp.float32))
+    params = es.default_params
+
+    def init(key):
+        k_init, k_x = jax.random.split(key)
+        if name in ("pso", "de"):
+            x0 = jax.random.uniform(k_x, (pop, dim), jnp.float32, -5.12, 5.12)
+            return es.init(k_init, x0, rastrigin(x0), params)
+        return es.init(k_init, jax.random.uniform(k_x, (dim,), jnp.float32, -5.12, 5.12), params)
+
+    def one_run(carry):
+        def step(c, _):
+            key, state = c
+            key, k_ask, k_tell = jax.random.split(key, 3)
+            x, state = es.ask(k_ask, state, params)
+            state, _ = es.tell(k_tell, x, rastrigin(x), state, params)
+            return (key, state), None
+        return jax.lax.scan(step, carry, None, length=gens)[0]
+
+    keys = jax.random.split(jax.random.PRNGKey(0), runs)
+    run = jax.jit(jax.vmap(one_run), donate_argnums=0)
+    box = {"c": (keys, jax.vmap(init)(keys))}
+
+    def go():
+        box["c"] = jax.block_until_ready(run(box["c"]))
+    go()
+    return {"evosax vmap": go}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=256)
+    ap.add_argument("--generations", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", default="", help="algorithms, comma-separated")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+
+    import hpcevo
+    from hpcevo.parallel import bind, discover
+
+    ctx = bind(discover(), device="cpu", threads=1)
+    import jax
+
+    rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",")]
+    samples: dict[str, dict[str, list[float]]] = {}
+    for name, pop, dim in rows:
+        key = f"{name} pop {pop} dim {dim}"
+        sides = {**hpcevo_sides(ctx, name, pop, dim, args.runs, args.generations),
+                 **evosax_side(name, pop, dim, args.runs, args.generations)}
+        got = samples[key] = {side: [] for side in sides}
+        for r in range(args.repeats):
+            order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
+            for side in order:
+                t = time.perf_counter()
+                sides[side]()
+                got[side].append(args.runs * args.generations / (time.perf_counter() - t))
+        print(f"{key}: " + ", ".join(f"{s} {statistics.median(v):,.0f}" for s, v in got.items()), flush=True)
+
+    head = f"{'row':24s} {'one at a time':>14s} {'hpcevo.Batch':>13s} {'evosax vmap':>12s} {'Batch/one':>10s} {'evosax/Batch':>13s}"
+    print(f"\nrun-generations per second (K = {args.runs} runs x {args.generations} generations, medians of "
+          f"{args.repeats}; one XLA thread)\n{head}\n" + "-" * len(head))
+    for key, got in samples.items():
+        med = {s: statistics.median(v) for s, v in got.items()}
+        one, batch, ev = med["one at a time"], med["hpcevo.Batch"], med.get("evosax vmap")
+        ev_text, ratio = (f"{ev:,.0f}", f"{ev / batch:.2f}x") if ev else ("-", "-")
+        print(f"{key:24s} {one:14,.0f} {batch:13,.0f} {ev_text:>12s} {batch / one:9.1f}x {ratio:>13s}")
+    out = Path(args.out or HERE / "results" / f"batch-{datetime.now():%Y%m%d-%H%M}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"runs": args.runs, "generations": args.generations, "repeats": args.repeats,
+                               "cpu": platform.processor() or platform.machine(), "jax": jax.__version__,
+                               "hpcevo": hpcevo.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                               "samples": samples}, indent=1))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

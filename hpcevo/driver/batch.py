@@ -1,0 +1,165 @@
+"""``Batch``: many runs of one program advanced together, each bitwise the run alone.
+
+A campaign is many small runs: seeds, problem instances, dynamic hyper-parameters, budgets and
+targets of one algorithm on one problem program. Run one at a time, each pays a dispatch (and
+the host's bookkeeping) per chunk of generations; in a batch, one dispatch advances them all::
+
+    ctx = hpcevo.parallel.init()
+    loops = [hpcevo.Loop(algorithm, problem, ctx) for _ in seeds]   # one program: built once
+    batch = hpcevo.Batch(loops).init(seeds)     # generation 1 of every run, one dispatch
+    batch.advance(500)                          # 500 more for each (fewer where a limit ends it)
+    [loop.best_fitness for loop in batch]       # each run is an ordinary Loop
+
+Each run is a ``Loop`` and stays one: its own limits (``Loop.limit``: budgets and targets end
+runs one by one, each at its exact generation), dynamic hyper-parameters (``set_params``),
+problem instance (BBOB's ``program_data``), history, checkpoints (``save``; ``load`` one into a
+Loop and batch it again, at any rank count), and its digest: **bitwise the digest of the same
+loop advanced alone**, whatever its batch-mates, its slot or the batch's size
+(``engine.run_each`` says how). A batch runs on the ranks of its loops' context: the
+evaluation of each run is split over them as a run alone's is.
+
+Loops can join or leave between calls (``batch.loops`` is a list): a study puts a pending run
+in the slot of one that ended. Device problems only (a host problem evaluates on the host,
+generation by generation: nothing to batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .. import schema
+from ..errors import UsageError
+from ..parallel import agreed, collective_stage, user_code
+from . import arguments
+from .engine import DeviceEngine
+from .loop import Loop, chunks, user_errors
+
+
+class Batch:
+    """The runs of ``loops`` (``Loop`` objects of one algorithm, problem program, context and
+    options, so of one compiled program) advanced together. Collective, as a Loop's methods."""
+
+    def __init__(self, loops: Sequence[Loop]):
+        def check() -> list[Loop]:
+            if isinstance(loops, Loop) or not isinstance(loops, Sequence) or not len(loops):
+                raise UsageError("Batch: 'loops' must be a non-empty list of hpcevo.Loop objects, got "
+                                 f"{type(loops).__name__}")
+            bad = [i for i, loop in enumerate(loops) if not isinstance(loop, Loop)]
+            if bad:
+                raise UsageError(f"Batch: loops[{bad[0]}] is a {type(loops[bad[0]]).__name__}, not an hpcevo.Loop")
+            first = loops[0]
+            if not isinstance(first.engine, DeviceEngine):
+                raise UsageError("Batch: a host problem (NumPy function, command) is evaluated on the host generation "
+                                 "by generation: there is nothing to batch; advance its loops one by one")
+            for i, loop in enumerate(loops[1:], 1):
+                if loop.ctx is not first.ctx:
+                    raise UsageError(f"Batch: loops[{i}] runs on another parallel context than loops[0]")
+                if loop.engine is not first.engine:
+                    raise UsageError(
+                        f"Batch: loops[{i}] is not the program of loops[0]: a batch's runs differ only in data (seed, "
+                        "dynamic hyper-parameters, problem instance, limits); build them with the same algorithm "
+                        f"(static settings), problem function, dim and options ({_differs(first, loop)})")
+            if len({id(loop) for loop in loops}) != len(loops):
+                raise UsageError("Batch: a Loop appears twice in 'loops'")
+            return list(loops)
+
+        ctx = loops[0].ctx if isinstance(loops, Sequence) and len(loops) and isinstance(loops[0], Loop) else None
+        if ctx is None:
+            check()  # (raises: no context to agree on)
+        self.loops: list[Loop] = agreed(ctx, "Batch", check, lambda ls: f"{len(ls)} loops")
+        self.ctx = ctx
+        self.engine: DeviceEngine = self.loops[0].engine
+
+    def __len__(self) -> int:
+        return len(self.loops)
+
+    def __iter__(self) -> Iterator[Loop]:
+        return iter(self.loops)
+
+    def __getitem__(self, i: int) -> Loop:
+        return self.loops[i]
+
+    def init(self, seeds: Sequence[int]) -> "Batch":
+        """Start run i from ``seeds[i]`` and evaluate every initial population, in dispatches of
+        at most ``engine.BATCH_SLOTS`` runs (what ``loop.init(seed)`` does for each)."""
+        def check() -> list[int]:
+            given = list(seeds) if isinstance(seeds, (Sequence, np.ndarray)) and not isinstance(seeds, (str, bytes)) else None
+            if given is None or len(given) != len(self.loops):
+                raise UsageError(f"Batch.init: 'seeds' must be a list of {len(self.loops)} seeds (one per loop), "
+                                 f"got {seeds!r:.80}")
+            return [schema.check(schema.Seed, int(s) if isinstance(s, np.integer) else s, f"seeds[{i}]", "Batch.init")
+                    for i, s in enumerate(given)]
+
+        seeds = agreed(self.ctx, "Batch.init: the seeds", check)
+        params = [loop._data() for loop in self.loops]
+        out = self._dispatch(lambda: self.engine.start_runs(seeds, params))
+        for loop, seed, (state, part) in zip(self.loops, seeds, out):
+            loop.state, loop.seed, loop.generation, loop._pending = state, seed, 1, None
+            loop._restart_history()
+            loop._took(part)
+        return self
+
+    def advance(self, generations: int = 1) -> "Batch":
+        """``generations`` more for every run, as ``loop.advance(generations)`` would for each:
+        a run whose limit is met (``Loop.limit``) stops at that very generation and the others go
+        on. One dispatch a chunk of generations for at most ``engine.BATCH_SLOTS`` runs (runs
+        with ``stagnation`` windows of different lengths: one each)."""
+        done = max(loop.generation for loop in self.loops)
+        n = arguments.generations(self.ctx, generations, done, "Batch.advance")
+        for loop in self.loops:
+            loop._require_state()
+            loop._require_no_pending("Batch.advance")
+        left = {id(loop): n for loop in self.loops}
+        while True:
+            active = [loop for loop in self.loops if left[id(loop)] and loop.check_limits() is None]
+            if not active:
+                break
+            for group in _by_window(active):
+                k = min(min(left[id(loop)] for loop in group), self.engine.batch_chunk(len(group)))
+                limits = [loop._dispatch_limits() for loop in group]
+                params = [loop._data() for loop in group]
+                states = [loop.state for loop in group]
+                out = self._dispatch(lambda: self.engine.advance_runs(states, k, params, limits))
+                for loop, (state, part) in zip(group, out):
+                    loop.state = state
+                    loop.generation += len(part["evaluations"])
+                    loop._took(part)
+                    left[id(loop)] -= k
+        for loop in self.loops:
+            loop.check_limits()
+        return self
+
+    def _dispatch(self, call: Any) -> Any:
+        # A program's first call traces the user's problem: its error is every rank's (as
+        # Loop.compile makes it).
+        result = None
+        with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
+            result = call()
+        return result
+
+    def digests(self) -> list[str]:
+        """Each run's ``Loop.digest()``."""
+        return [loop.digest() for loop in self.loops]
+
+
+def _by_window(loops: list[Loop]) -> list[list[Loop]]:
+    """Loops grouped by the length of their stagnation window (a shape of the program)."""
+    groups: dict[Any, list[Loop]] = {}
+    for loop in loops:
+        groups.setdefault(loop._limits.stagnation, []).append(loop)
+    return list(groups.values())
+
+
+def _differs(a: Loop, b: Loop) -> str:
+    if type(a.algorithm) is not type(b.algorithm):
+        return f"{type(a.algorithm).__name__} and {type(b.algorithm).__name__}"
+    if a.algorithm.num_ask != b.algorithm.num_ask or a.algorithm.dim != b.algorithm.dim:
+        return f"pop {a.algorithm.num_ask} dim {a.algorithm.dim} and pop {b.algorithm.num_ask} dim {b.algorithm.dim}"
+    program = [getattr(p, "program", p) if getattr(p, "program_data", None) is not None else p
+               for p in (a.problem, b.problem)]
+    if program[0] != program[1]:
+        return f"problems {a.problem.name!r} and {b.problem.name!r}"
+    return "a static hyper-parameter or an option (microbatch, batch_size, observe...) differs"
+
