@@ -11,8 +11,8 @@ binding: AVX2), compilation excluded (every side runs once first), rounds altern
 
 - **one at a time**: a Python loop over the runs, ``Loop.advance(G)`` each (what a seed sweep in a
   script, or a study today, does per run);
-- **hpcevo.Batch**: the same K loops, ``Batch(loops).advance(G)``: one dispatch for all, each run
-  bitwise the run alone (``engine.run_each``: the runs one after another inside the program);
+- **hpcevo.Batch**: the same K loops, ``Batch(loops).advance(G)``: every run's chunk dispatched
+  back to back, one wait for all, each run bitwise the run alone (it runs the run alone's programs);
 - **evosax vmap** (0.3, where it has the algorithm): ``jax.vmap`` of its ``ask -> evaluate -> tell``
   over K keys inside one jitted ``lax.scan`` (vectorised over the runs; no run equals its run
   alone, no history, no budgets, no checkpoints).

@@ -37,8 +37,8 @@ def setup(loop, j, params):
 
 
 def check_every_run_is_the_run_alone(ctx, algorithm, **options):
-    """Mixed seeds, budgets, targets and hyper-parameters in a batch of 3 (4 slots: one padded),
-    two dispatches; each run against the same loop advanced alone (a batch of 1)."""
+    """Mixed seeds, budgets, targets and hyper-parameters in a batch of 3, two calls; each run
+    against the same loop advanced alone."""
     params = params_of(algorithm)
     seeds = [11, 12, 13]
     batch = hpcevo.Batch([setup(hpcevo.Loop(algorithm, RASTRIGIN, ctx, **options), j, params) for j in range(3)])
@@ -53,8 +53,7 @@ def check_every_run_is_the_run_alone(ctx, algorithm, **options):
     assert batch[1].met == "evaluations" and batch[1].generation < batch[0].generation == 16
 
 
-# Every algorithm at one rank: how a run's code is compiled in a batch does not depend on the
-# rank count; what does (the evaluation's split and gather inside the batch's loop) is below.
+# Every algorithm at one rank; the evaluation split over the ranks, below.
 @pytest.mark.ranks(1)
 @pytest.mark.parametrize("name", SINGLE)
 def test_every_run_of_a_batch_is_bitwise_the_run_alone(ctx, name):
@@ -63,7 +62,7 @@ def test_every_run_of_a_batch_is_bitwise_the_run_alone(ctx, name):
 
 # Split over the ranks: 2-row micro-batches (uneven at 2 and 3 ranks: 4 of them at pop 8), a
 # generation that evaluates fewer rows than its population (CSO) and the distributed ES mode
-# (no rank holds the population: its own exchange inside the batch's loop).
+# (no rank holds the population: its own exchange).
 SPLIT = {"cso": ({}, {"microbatch": 2}), "cmaes": ({}, {"microbatch": 2}),
          "openes": ({"distributed": True, "block": 2}, {})}
 

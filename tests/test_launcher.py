@@ -183,7 +183,7 @@ def test_second_launch_loads_its_programs_from_the_compilation_cache(tmp_path):
         if i == 1:
             entries = sorted(p.name for p in cache.glob("*-cache"))
             # the small programs too (each compiles in well under JAX's default 1 s threshold)
-            for program in ("jit__chunk_runs", "jit__first_runs", "jit_fingerprint", "jit__threefry_seed"):
+            for program in ("jit__run_chunk", "jit__first_with_history", "jit_fingerprint", "jit__threefry_seed"):
                 assert any(n.startswith(program) for n in entries), (program, entries)
         else:
             assert sorted(p.name for p in cache.glob("*-cache")) == entries  # nothing new to write

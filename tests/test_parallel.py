@@ -124,15 +124,16 @@ def test_one_call_per_rank_gives_the_bits_of_the_loop_of_microbatches(ctx, share
     assert whole == loop
 
 
-def test_every_rank_count_evaluates_in_the_loop_of_micro_batches_to_the_same_bits(ctx):
-    """One rank too runs the loop of micro-batches (the one-call path of a declared
-    block-invariant problem compiled other algorithm bits inside a batch's loop over its runs:
-    parallel/evaluate.py): declared or not, the values are the whole block's, at any rank count."""
+def test_the_one_call_path_is_taken_where_it_keeps_the_bits(ctx):
     from hpcevo.parallel import ShardedEvaluator
 
     fn = make_problem("sphere", 4).evaluate
     ev = ShardedEvaluator(fn, 37, ctx, block_invariant=True)
-    assert ev.k == 5 and ev.slots == -(-5 // ctx.size) and not hasattr(ev, "whole")
+    assert ev.whole == (ctx.size == 1) and ev.k == 5 and ev.slots == -(-5 // ctx.size)  # one rank only
+    # every rank's call has the same shape, and none reads past the padded batch
+    assert ev.rows >= max(s + ev.slots for s, _ in (shard_of(37, 8, ctx.size, r) for r in range(ctx.size))) * 8
+    assert not ShardedEvaluator(fn, 37, ctx).whole  # undeclared: the loop
+    assert not ShardedEvaluator(fn, 37, ctx, batch_size=4, block_invariant=True).whole  # memory bound: the loop
     x = jax_uniform((37, 4))
     a = ev(x, np.asarray(ev.shard))
     b = ShardedEvaluator(fn, 37, ctx)(x, np.asarray(ev.shard))

@@ -1,12 +1,13 @@
 """``Batch``: many runs of one program advanced together, each bitwise the run alone.
 
 A campaign is many small runs: seeds, problem instances, dynamic hyper-parameters, budgets and
-targets of one algorithm on one problem program. Run one at a time, each pays a dispatch (and
-the host's bookkeeping) per chunk of generations; in a batch, one dispatch advances them all::
+targets of one algorithm on one problem program. A batch compiles their programs once and
+advances them together: every run's chunk is dispatched to the run's own programs back to back,
+and the host waits once for all (``engine.DeviceEngine.advance_runs``)::
 
     ctx = hpcevo.parallel.init()
     loops = [hpcevo.Loop(algorithm, problem, ctx) for _ in seeds]   # one program: built once
-    batch = hpcevo.Batch(loops).init(seeds)     # generation 1 of every run, one dispatch
+    batch = hpcevo.Batch(loops).init(seeds)     # generation 1 of every run, one wait
     batch.advance(500)                          # 500 more for each (fewer where a limit ends it)
     [loop.best_fitness for loop in batch]       # each run is an ordinary Loop
 
@@ -14,9 +15,9 @@ Each run is a ``Loop`` and stays one: its own limits (``Loop.limit``: budgets an
 runs one by one, each at its exact generation), dynamic hyper-parameters (``set_params``),
 problem instance (BBOB's ``program_data``), history, checkpoints (``save``; ``load`` one into a
 Loop and batch it again, at any rank count), and its digest: **bitwise the digest of the same
-loop advanced alone**, whatever its batch-mates, its slot or the batch's size
-(``engine.run_each`` says how). A batch runs on the ranks of its loops' context: the
-evaluation of each run is split over them as a run alone's is.
+loop advanced alone**, whatever its batch-mates, its slot or the batch's size: it runs the very
+programs the run alone runs. A batch runs on the ranks of its loops' context: the evaluation of
+each run is split over them as a run alone's is.
 
 Loops can join or leave between calls (``batch.loops`` is a list): a study puts a pending run
 in the slot of one that ended. Device problems only (a host problem evaluates on the host,
@@ -82,8 +83,8 @@ class Batch:
         return self.loops[i]
 
     def init(self, seeds: Sequence[int]) -> "Batch":
-        """Start run i from ``seeds[i]`` and evaluate every initial population, in dispatches of
-        at most ``engine.BATCH_SLOTS`` runs (what ``loop.init(seed)`` does for each)."""
+        """Start run i from ``seeds[i]`` and evaluate every initial population, the host waiting
+        once for all (what ``loop.init(seed)`` does for each)."""
         def check() -> list[int]:
             given = list(seeds) if isinstance(seeds, (Sequence, np.ndarray)) and not isinstance(seeds, (str, bytes)) else None
             if given is None or len(given) != len(self.loops):
@@ -104,8 +105,7 @@ class Batch:
     def advance(self, generations: int = 1) -> "Batch":
         """``generations`` more for every run, as ``loop.advance(generations)`` would for each:
         a run whose limit is met (``Loop.limit``) stops at that very generation and the others go
-        on. One dispatch a chunk of generations for at most ``engine.BATCH_SLOTS`` runs (runs
-        with ``stagnation`` windows of different lengths: one each)."""
+        on. Each chunk of generations: every active run dispatched, then one wait for all."""
         done = max(loop.generation for loop in self.loops)
         n = arguments.generations(self.ctx, generations, done, "Batch.advance")
         for loop in self.loops:
@@ -116,17 +116,16 @@ class Batch:
             active = [loop for loop in self.loops if left[id(loop)] and loop.check_limits() is None]
             if not active:
                 break
-            for group in _by_window(active):
-                k = min(min(left[id(loop)] for loop in group), self.engine.batch_chunk(len(group)))
-                limits = [loop._dispatch_limits() for loop in group]
-                params = [loop._data() for loop in group]
-                states = [loop.state for loop in group]
-                out = self._dispatch(lambda: self.engine.advance_runs(states, k, params, limits))
-                for loop, (state, part) in zip(group, out):
-                    loop.state = state
-                    loop.generation += len(part["evaluations"])
-                    loop._took(part)
-                    left[id(loop)] -= k
+            k = min(min(left[id(loop)] for loop in active), self.engine.max_chunk)
+            limits = [loop._dispatch_limits() for loop in active]
+            params = [loop._data() for loop in active]
+            states = [loop.state for loop in active]
+            out = self._dispatch(lambda: self.engine.advance_runs(states, k, params, limits))
+            for loop, (state, part) in zip(active, out):
+                loop.state = state
+                loop.generation += len(part["evaluations"])
+                loop._took(part)
+                left[id(loop)] -= k
         for loop in self.loops:
             loop.check_limits()
         return self
@@ -142,14 +141,6 @@ class Batch:
     def digests(self) -> list[str]:
         """Each run's ``Loop.digest()``."""
         return [loop.digest() for loop in self.loops]
-
-
-def _by_window(loops: list[Loop]) -> list[list[Loop]]:
-    """Loops grouped by the length of their stagnation window (a shape of the program)."""
-    groups: dict[Any, list[Loop]] = {}
-    for loop in loops:
-        groups.setdefault(loop._limits.stagnation, []).append(loop)
-    return list(groups.values())
 
 
 def _differs(a: Loop, b: Loop) -> str:

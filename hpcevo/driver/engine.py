@@ -15,9 +15,9 @@ so a test that drives a ``Loop`` drives the loop users run. What runs a generati
 * ``HostEngine`` (NumPy functions, external commands: ``host_loop.py``): the host wakes every
   generation to evaluate.
 
-A run alone is the batch of one of ``DeviceEngine``'s programs: ``start_runs`` and
-``advance_runs`` advance many runs of one program in one dispatch (``batch.Batch``), each run
-computed by the very code that computes it alone (``run_each``), so bitwise the run alone.
+``start_runs`` and ``advance_runs`` advance many runs of one engine together (``batch.Batch``):
+each run's own programs, dispatched one after another without waiting, and their histories
+brought back in one transfer; each run is bitwise the run alone, by construction.
 """
 
 from __future__ import annotations
@@ -263,12 +263,8 @@ class DeviceEngine:
         self._scalars: dict[int, jax.Array] = {}
         self._limits_kept: tuple | None = None
         self._evaluators: dict[int, ShardedEvaluator] = {}
-        # Every run, alone or in a batch, runs as one of the runs of these programs (``run_each``):
-        # the same code for a run whatever its batch-mates, slot or batch size. The run's own
-        # loop donates its state; a batch's does not (a slot may be padded with another's).
-        self._first = jax.jit(self._first_runs)
-        self._chunk = jax.jit(self._chunk_runs, donate_argnums=0, static_argnames="rows")
-        self._chunk_shared = jax.jit(self._chunk_runs, static_argnames="rows")
+        self._first = jax.jit(self._first_with_history)
+        self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
         self._fingerprint = jax.jit(fingerprint)
         self._ask = jax.jit(self._ask_fn)
         self._evaluate_jit = jax.jit(self._evaluate_fn)
@@ -307,7 +303,7 @@ class DeviceEngine:
             return (raw,)
         return raw, jax.vmap(pick)(jnp.arange(raw.shape[0]))
 
-    def _run_chunk(self, state, n: jax.Array, shards, params: Params = None, limits=None, rows: int | None = None):
+    def _run_chunk(self, state, n: jax.Array, shards, params: Params = None, limits=None):
         # A while loop, not a fori_loop: a budget or a target ends it at the very generation that
         # meets it (every rank decides alike: the state is replicated).
         # The history row and the rows used, as one row of one buffer per dtype and shape: a
@@ -316,8 +312,7 @@ class DeviceEngine:
         pack = self._packing(state)
         left, target, tolerance, window = limits
         _, _, traced = jax.eval_shape(self._next_generation, state, shards, params)
-        rows = self.max_chunk if rows is None else rows
-        trace = tuple(jnp.zeros((rows if self.trace else 0, *t.shape), t.dtype) for t in traced)
+        trace = tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in traced)
         k = window.shape[0]  # stagnation's generations (0: not checked; a static shape)
 
         def more(carry):
@@ -352,18 +347,6 @@ class DeviceEngine:
         values = self.recorder.row(state._replace(nonfinite=jnp.zeros_like(state.nonfinite)), state)
         trace = tuple(t[None] for t in traced) if self.trace else ()
         return state, self.recorder.history_type(*(jnp.reshape(v, (1,)) for v in values)), jnp.reshape(used, (1,)), trace
-
-    def _first_runs(self, keys: list, count: jax.Array, shards, params: list):
-        """Generation 1 of each run (``keys``, ``params``: one per run; the first ``count`` are
-        computed, the rest are padding), as ``_first_with_history`` of each."""
-        return run_each(lambda kp: self._first_with_history(kp[0], shards, kp[1]), (keys, params), count)
-
-    def _chunk_runs(self, states: list, ns: list, count: jax.Array, shards, params: list, limits: list,
-                    rows: int | None = None):
-        """``_run_chunk`` of each run (one state, n, params and limits each; the first ``count``
-        are computed, the rest are padding)."""
-        return run_each(lambda a: self._run_chunk(a[0], a[1], shards, a[2], a[3], rows),
-                        (states, ns, params, limits), count)
 
     # -- ask / evaluate / tell, one piece at a time (Loop.ask, Loop.evaluate, Loop.tell) ----------
     def _ask_fn(self, state, params: Params = None):
@@ -428,53 +411,41 @@ class DeviceEngine:
 
     # -- host side -----------------------------------------------------------------------------
     def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
-        [(state, hist, used, trace)] = self._first([jax.random.PRNGKey(seed)], ONE, self.generation.shards, [params])
+        state, hist, used, trace = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
         return state, _host_history(hist, 1, used, trace)
 
     def advance(self, state: Any, n: int, params: Params = None,
                 limits: Limits = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"advance: n must be in 1..{self.max_chunk}, got {n}")
-        [(state, packed, done, trace)] = self._chunk([state], [self._scalar(n)], ONE, self.generation.shards,
-                                                     [params], [self._limits_data(limits)])
+        state, packed, done, trace = self._chunk(state, self._scalar(n), self.generation.shards,
+                                                 params, self._limits_data(limits))
         packed, done = jax.device_get((packed, done))
         *columns, used = self._pack.columns(packed)
         return state, _host_history(self.recorder.history_type(*columns), int(done), used,
                                     trace if self.trace else ())
 
-    # -- a batch of runs: one dispatch advances them all (batch.Batch) -----------------------------
+    # -- many runs together (batch.Batch) ------------------------------------------------------------
+    # Each run is dispatched to the very programs that run it alone, one after another: JAX
+    # returns from a dispatch before the work is done, so the host queues every run's chunk and
+    # then waits once, for all the histories. Why not one program over the runs: measured on
+    # 2026-11-27 (docs/studies.md, "Batched runs"), ``jax.vmap`` changes a run's bits with the batch
+    # size, ``lax.map`` against the run alone, and a loop of one run an iteration (the run alone
+    # then the loop of one) kept them at one rank count but not across rank counts.
     def start_runs(self, seeds: list[int], params: list[Params]) -> list[tuple[Any, dict[str, np.ndarray]]]:
-        """``start`` of each run, in dispatches of at most ``BATCH_SLOTS`` runs: bitwise what
-        ``start`` gives each alone."""
-        k = len(seeds)
-        if k > BATCH_SLOTS:
-            return self.start_runs(seeds[:BATCH_SLOTS], params[:BATCH_SLOTS]) + self.start_runs(
-                seeds[BATCH_SLOTS:], params[BATCH_SLOTS:])
-        size = batch_capacity(k)
-        keys = [jax.random.PRNGKey(s) for s in seeds]
-        out = self._first(_padded(keys, size), np.int32(k), self.generation.shards, _padded(params, size))[:k]
+        """``start`` of each run: bitwise what ``start`` gives each alone."""
+        out = [self._first(jax.random.PRNGKey(s), self.generation.shards, p) for s, p in zip(seeds, params)]
         host = jax.device_get([o[1:] for o in out])
         return [(o[0], _host_history(hist, 1, used, trace)) for o, (hist, used, trace) in zip(out, host)]
 
-    def advance_runs(self, states: list, n: int, params: list[Params], limits: list[Limits]
+    def advance_runs(self, states: list, n: int, params: list[Params], limits: list["Limits"]
                      ) -> list[tuple[Any, dict[str, np.ndarray]]]:
-        """``advance`` of each run by ``n`` generations (fewer where its limits end it), in one
-        dispatches of at most ``BATCH_SLOTS`` runs: bitwise what ``advance`` gives each alone. ``n`` at
-        most ``batch_chunk(len)``.
-        The states are donated unless the batch is padded (a padded slot repeats a run's)."""
-        k = len(states)
-        if k > BATCH_SLOTS:
-            cut = BATCH_SLOTS
-            return (self.advance_runs(states[:cut], n, params[:cut], limits[:cut])
-                    + self.advance_runs(states[cut:], n, params[cut:], limits[cut:]))
-        size = batch_capacity(k)
-        rows = self.batch_chunk(k)
-        if not 1 <= n <= rows:
-            raise ValueError(f"advance_runs: n must be in 1..{rows}, got {n}")
-        program = self._chunk if size == k else self._chunk_shared
-        data = [_limits_host(lim, self.algorithm.dtype) for lim in limits]
-        out = program(_padded(states, size), [np.int32(n)] * size, np.int32(k), self.generation.shards,
-                      _padded(params, size), _padded(data, size), rows=rows if self.trace else self.max_chunk)[:k]
+        """``advance`` of each run by ``n`` (1..max_chunk) generations, fewer where its limits end
+        it: bitwise what ``advance`` gives each alone. The states are donated."""
+        if not 1 <= n <= self.max_chunk:
+            raise ValueError(f"advance_runs: n must be in 1..{self.max_chunk}, got {n}")
+        out = [self._chunk(s, self._scalar(n), self.generation.shards, p, _limits_host(lim, self.algorithm.dtype))
+               for s, p, lim in zip(states, params, limits)]
         host = jax.device_get([o[1:] for o in out])
         runs = []
         for o, (packed, done, trace) in zip(out, host):
@@ -482,11 +453,6 @@ class DeviceEngine:
             runs.append((o[0], _host_history(self.recorder.history_type(*columns), int(done), used,
                                              trace if self.trace else ())))
         return runs
-
-    def batch_chunk(self, k: int) -> int:
-        """The most generations one dispatch of ``k`` runs holds: a traced history (``trace``)
-        brings every run's fitness back, so a batch's dispatch is shorter by the batch's size."""
-        return self.max_chunk if not self.trace else max(1, self.max_chunk // batch_capacity(min(k, BATCH_SLOTS)))
 
     # A dispatch's small arguments, made once: building a device array costs tens of us of
     # Python, a cost that shows in a dispatch of cheap generations.
@@ -512,10 +478,10 @@ class DeviceEngine:
     def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         key = jax.random.PRNGKey(seed)
         if first:
-            self._first.lower([key], ONE, self.generation.shards, [params]).compile()
+            self._first.lower(key, self.generation.shards, params).compile()
         shapes = self.template(seed, params)
-        self._chunk.lower([shapes], [ONE], ONE, self.generation.shards, [params],
-                          [Limits().data(self.algorithm.dtype)]).compile()
+        self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params,
+                          Limits().data(self.algorithm.dtype)).compile()
         self._fingerprint.lower(shapes).compile()
 
     def counters(self, state: Any) -> dict[str, int]:
@@ -528,78 +494,14 @@ class DeviceEngine:
         pass
 
 
-ONE = np.int32(1)
-
-# The most runs one dispatch of a batch holds (``batch.Batch`` cuts larger batches into
-# dispatches of this many). A dispatch's program takes and gives every run's state leaf by leaf:
-# at 256 runs a DE program had thousands of parameters and outputs, and LLVM ran out of memory
-# compiling it (XLA:CPU, jax 0.10.2); 32 runs a dispatch keep the host's share per run small.
-BATCH_SLOTS = 32
-
-
-def batch_capacity(k: int) -> int:
-    """The slots of a batch of ``k`` runs: the next power of two, so that batches of many sizes
-    (a study's last, a batch whose runs end one by one) share a few compiled programs."""
-    return 1 << max(0, k - 1).bit_length()
-
-
-def _padded(items: list, size: int) -> list:
-    """``items`` and, up to ``size``, repeats of its first (padding: never computed)."""
-    return list(items) + [items[0]] * (size - len(items))
-
-
 def _limits_host(limits: "Limits", dtype: Any) -> tuple:
-    """``Limits.data`` as host arrays: a batch passes one set a run, and a device array costs
-    tens of microseconds to make."""
+    """``Limits.data`` as host arrays (a device array costs tens of microseconds to make; a batch
+    passes one set a run): the same values, types and shapes."""
     left = INT32_MAX if limits.evaluations is None else max(0, min(int(limits.evaluations), INT32_MAX))
     target = -np.inf if limits.target is None else limits.target
     window = np.zeros(0) if limits.window is None else np.asarray(limits.window, np.float64)
     dt = np.dtype(dtype)
     return np.int32(left), np.asarray(target, dt), np.asarray(limits.tolerance, dt), window.astype(dt)
-
-
-def run_each(fn: Callable[[Any], Any], each: Any, count: jax.Array) -> list:
-    """``[fn(xs[0]), fn(xs[1]), ...]`` for the runs of a batch, ``each`` a pytree of per-run
-    lists (``(states, params)``: one entry per run), ``count`` (data) how many to compute: the
-    entries past it are padding (their results: zeros).
-
-    One loop whose trip count is data, one run an iteration, so that a run is computed by the
-    very same code alone (a batch of one) and in any batch: ``jax.vmap`` would vectorise the
-    algorithm over the runs and its last bits would then depend on the batch size (measured,
-    XLA:CPU, jax 0.10: CSO, SLPSO, CMA-ES and xNES at pop 64, dim 20 gave batch sizes 2, 3, 8 and
-    40 different states; a ``lax.map`` over the runs, whose trip count is a constant, gave
-    sep-CMA-ES, OpenES and PGPE other bits than the run alone). A run's inputs reach ``fn`` as a
-    loop-carried value fetched one iteration ahead, and its result is stored one iteration
-    later, from the carry: neither end is a slice or an update XLA could fuse into ``fn``'s own
-    code. Runs are not vectorised: on one CPU core this costs about 2x a vmap's time per
-    run-generation at pop 10, dim 5 (and is 2-4x faster than a dispatch per run).
-    """
-    tree = jax.tree_util
-    outer = tree.tree_structure(each, is_leaf=lambda v: isinstance(v, list))
-    lists = tree.tree_leaves(each, is_leaf=lambda v: isinstance(v, list))
-    k = len(lists[0])
-    runs = [tree.tree_unflatten(outer, [lst[j] for lst in lists]) for j in range(k)]
-    stacked = tree.tree_map(lambda *a: jnp.stack(a), *runs)
-    top = k - 1
-
-    def take(i):
-        return tree.tree_map(lambda a: lax.dynamic_index_in_dim(a, jnp.minimum(i, top), keepdims=False), stacked)
-
-    shape = jax.eval_shape(fn, take(0))
-    out = tree.tree_map(lambda s: jnp.zeros((k, *s.shape), s.dtype), shape)
-
-    def put(out, y, i):
-        return tree.tree_map(lambda o, v: lax.dynamic_update_index_in_dim(o, v, i, 0), out, y)
-
-    def body(i, carry):
-        out, current, previous = carry
-        out = put(out, previous, jnp.maximum(i - 1, 0))
-        return out, take(i + 1), fn(current)
-
-    empty = tree.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
-    out, _, last = lax.fori_loop(0, count, body, (out, take(0), empty))
-    out = put(out, last, jnp.maximum(count - 1, 0))
-    return [tree.tree_map(lambda a: a[j], out) for j in range(k)]
 
 
 class _RowPacking:

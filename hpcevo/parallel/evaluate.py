@@ -135,14 +135,24 @@ class ShardedEvaluator:
         self.shard = np.asarray(shard_of(n, self.mb, ctx.size, ctx.rank), np.int32)
         self.slots, self.order = slot_layout(self.k, ctx.size)
         self.piece = min(batch_size, self.mb) if batch_size else self.mb
-        # (Until 2026-11-27 one rank evaluated a block-invariant problem's slots in one call, not a
-        # loop of micro-batches: up to 1.7x cheaper for a cheap generation. Inside the loop over a
-        # batch's runs (``driver.engine.run_each``, which a run alone now runs in too) that
-        # program's algorithm code compiled other bits than the loop of micro-batches' at two
-        # ranks: CSO, pop 13, dim 6, Rastrigin, generation 7, one coordinate's last bit
-        # (tests/test_checkpoint.py's resume at another rank count). Every rank count now runs the
-        # same loop; only the exchange after it differs.)
-        self.block_invariant = block_invariant
+        # A block-invariant problem (a row's value never depends on its block: hpcevo's own
+        # functions, tested bitwise) gives the same bits whether a rank's micro-batches are
+        # evaluated one at a time or together, so a rank evaluates its slots in one call: no loop
+        # of micro-batches (about 0.5 us an iteration on a CPU core, 20-36 us on a GPU, which
+        # made a cheap generation up to 1.7x its bare step). Every rank's call has the same
+        # shape (slots * mb rows from a data offset), so the rows past a rank's own count (an
+        # uneven split) are real candidates or filler, evaluated and dropped by ``order``.
+        # Not with a memory bound smaller than that (``batch_size``): then the loop, as before.
+        # One rank only: with several, a rank's share is a slice of the batch (``dynamic_slice``
+        # outside the loop), and XLA fused the algorithm's ask into that slice, computing the
+        # candidates it evaluated at the share's shape: CSO, pop 30, dim 6, Ackley at 2 ranks
+        # gave one row's fitness another last bit (tests/test_api.py's save/load test). At one
+        # rank the share is the whole batch: no slice, and the digests equal the loop's at 1-4
+        # ranks (tests/test_parallel.py, tests/test_algorithms_digest.py).
+        self.whole = (block_invariant and ctx.size == 1
+                      and (not batch_size or batch_size >= self.slots * self.mb))
+        self.rows = self.mb * max(s + self.slots for s, _ in
+                                  (shard_of(n, self.mb, ctx.size, r) for r in range(ctx.size)))
 
     def _micro(self, x: jax.Array, args: tuple) -> jax.Array:
         """The fitness of one micro-batch, in pieces of at most ``self.piece`` rows."""
@@ -158,6 +168,27 @@ class ShardedEvaluator:
         f = blockwise(lambda p: self.fn(p, *args).astype(x.dtype), parts, 0, pieces, out)
         return f.reshape(pieces * piece, *f.shape[2:])[:mb]
 
+    def _whole(self, candidates: jax.Array, shard: jax.Array, args: tuple, per_row: tuple) -> jax.Array:
+        """This rank's ``slots`` micro-batches evaluated in one call, as (slots, mb, ...)."""
+        size = self.slots * self.mb
+        dtype = candidates.dtype
+        start = shard[0] * self.mb
+
+        def body(i, carry):
+            # The next block is fetched as ``blockwise`` does (never used: one pass), so that the
+            # body depends on the loop and XLA cannot hoist the problem's call out of it.
+            nxt = lax.dynamic_slice_in_dim(candidates, start + (i + 1) * size, size)
+            return self.fn(carry[1], *args).astype(dtype), nxt
+
+        # A loop of one pass (its trip count is data, so XLA keeps the loop): the block reaches
+        # the problem as a buffer of its own, as in the loop of micro-batches, never fused with
+        # the algorithm's ask, whose code (and so whose last bits) would then depend on the
+        # block's shape, which depends on the rank count.
+        once = (shard[1] >= 0).astype(jnp.int32)
+        block = lax.dynamic_slice_in_dim(candidates, start, size)
+        out = lax.fori_loop(0, once, body, (jnp.zeros((size, *per_row), dtype), block))[0]
+        return out.reshape(self.slots, self.mb, *per_row)
+
     def __call__(self, candidates: jax.Array, shard: jax.Array, *args, used: jax.Array | None = None) -> jax.Array:
         """``args`` (e.g. the generation number) are passed on to the problem function. ``used``:
         only the first ``used`` rows matter (IPOP's active lambda of its largest population):
@@ -165,7 +196,8 @@ class ShardedEvaluator:
         give the same bits either way (each micro-batch is evaluated alone, at the same shape)."""
         n, mb, k = self.n, self.mb, self.k
         candidates = lax.optimization_barrier(candidates)
-        rows = k * mb
+        whole = self.whole and used is None
+        rows = self.rows if whole else k * mb
         if rows > n:
             # Pad with a real candidate (row 0), not zeros: zeros may lie outside the problem's
             # domain and raise floating-point trouble. Padded results are dropped below.
@@ -174,12 +206,15 @@ class ShardedEvaluator:
         dtype = candidates.dtype
         per_row = jax.eval_shape(lambda x: self._micro(x, args),
                                  jax.ShapeDtypeStruct((mb, candidates.shape[1]), dtype)).shape[1:]
-        batches = candidates.reshape(k, mb, candidates.shape[1])
-        count = shard[1]
-        if used is not None:  # this rank's micro-batches that hold used rows
-            count = jnp.clip((used + mb - 1) // mb - shard[0], 0, shard[1])
-        mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], count,
-                         jnp.zeros((self.slots, mb, *per_row), dtype))
+        if whole:
+            mine = self._whole(candidates, shard, args, per_row)
+        else:
+            batches = candidates.reshape(k, mb, candidates.shape[1])
+            count = shard[1]
+            if used is not None:  # this rank's micro-batches that hold used rows
+                count = jnp.clip((used + mb - 1) // mb - shard[0], 0, shard[1])
+            mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], count,
+                             jnp.zeros((self.slots, mb, *per_row), dtype))
         fitness = gather_slots(mine, self.order, self.ctx).reshape(k * mb, *per_row)[:n]
         if used is not None:
             rows = (jnp.arange(n) < used).reshape(n, *(1,) * len(per_row))
