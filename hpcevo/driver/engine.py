@@ -87,11 +87,16 @@ class Limits(NamedTuple):
     window: Any = None
 
     def data(self, dtype: Any) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        return tuple(jnp.asarray(v) for v in self.host(dtype))  # type: ignore[return-value]
+
+    def host(self, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``data`` as host arrays (a batch passes one set a run; a device array costs tens of
+        microseconds to make)."""
         left = INT32_MAX if self.evaluations is None else max(0, min(int(self.evaluations), INT32_MAX))
         target = -np.inf if self.target is None else self.target
         window = np.zeros(0) if self.window is None else np.asarray(self.window, np.float64)
-        return (jnp.asarray(left, jnp.int32), jnp.asarray(target, dtype), jnp.asarray(self.tolerance, dtype),
-                jnp.asarray(window, dtype))
+        dt = np.dtype(dtype)
+        return np.int32(left), np.asarray(target, dt), np.asarray(self.tolerance, dt), window.astype(dt)
 
 
 INT32_MAX = 2**31 - 1
@@ -444,7 +449,7 @@ class DeviceEngine:
         it: bitwise what ``advance`` gives each alone. The states are donated."""
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"advance_runs: n must be in 1..{self.max_chunk}, got {n}")
-        out = [self._chunk(s, self._scalar(n), self.generation.shards, p, _limits_host(lim, self.algorithm.dtype))
+        out = [self._chunk(s, self._scalar(n), self.generation.shards, p, lim.host(self.algorithm.dtype))
                for s, p, lim in zip(states, params, limits)]
         host = jax.device_get([o[1:] for o in out])
         runs = []
@@ -492,16 +497,6 @@ class DeviceEngine:
 
     def close(self) -> None:
         pass
-
-
-def _limits_host(limits: "Limits", dtype: Any) -> tuple:
-    """``Limits.data`` as host arrays (a device array costs tens of microseconds to make; a batch
-    passes one set a run): the same values, types and shapes."""
-    left = INT32_MAX if limits.evaluations is None else max(0, min(int(limits.evaluations), INT32_MAX))
-    target = -np.inf if limits.target is None else limits.target
-    window = np.zeros(0) if limits.window is None else np.asarray(limits.window, np.float64)
-    dt = np.dtype(dtype)
-    return np.int32(left), np.asarray(target, dt), np.asarray(limits.tolerance, dt), window.astype(dt)
 
 
 class _RowPacking:
