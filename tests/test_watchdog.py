@@ -115,6 +115,49 @@ def test_the_message_names_the_silent_ranks_and_the_hosts_all_of_whose_ranks_are
     assert deputy.speaks()
 
 
+@pytest.mark.single_process
+def test_a_rank_whose_speaker_does_not_end_the_job_speaks_itself_and_keeps_what_a_speaker_wrote(
+        tmp_path, monkeypatch, capsys):
+    """Each rank times its phase by its own dispatches: rank 0, whose recent ones were slower,
+    may allow more than rank 1 and never end the job. Rank 1 then ended itself quietly after the
+    grace, and the job ended with 76 and no message (CI, under load). Now it speaks and aborts;
+    an exit file a speaker already wrote (its lost hosts) is left as it is."""
+    from hpcevo.parallel import watchdog as wd
+
+    ended = []
+
+    class Ended(Exception):
+        pass
+
+    def stop(code):
+        ended.append(code)
+        raise Ended
+
+    monkeypatch.setattr(wd, "SPEAK_GRACE", 0.0)
+    monkeypatch.setattr(wd, "real_exit", stop)
+    monkeypatch.setattr(wd.threading, "Timer", lambda *a: SimpleNamespace(start=lambda: None))
+    exit_file = tmp_path / "exit"
+    monkeypatch.setenv("HPCEVO_EXIT_FILE", str(exit_file))
+    aborted = []
+    ctx = SimpleNamespace(rank=1, size=2, host="a", rank_hosts=("a", "a"), abort=lambda code: aborted.append(code))
+    dog = wd.Watchdog(ctx, heartbeat_seconds=1.0)
+    dog.deputy = 1
+    dog.heard = {0: dog.clock()}  # rank 0 answers: it is the speaker, and it has not spoken
+    assert not dog.speaks()
+    with pytest.raises(Ended):
+        dog._end_job(wd.Phase("generation 21", 1.2, "fault.slowdown = 10 x the slowest recent dispatch", 0.0), 1.3)
+    err = capsys.readouterr().err
+    assert err.startswith("hpcevo: error: watchdog on rank 1 (a): generation 21 has taken")
+    assert "fault.slowdown = 10 x" in err and "Every rank still answers" in err
+    assert aborted == [76] and ended == [76] and exit_file.read_text() == "76\n"
+    # a speaker wrote first: its lost hosts stay
+    exit_file.write_text("76\n")
+    (tmp_path / "exit.lost").write_text("b\n")
+    with pytest.raises(Ended):
+        dog._end_job(wd.Phase("generation 21", 1.2, "fault.min_seconds", 0.0), 1.3)
+    assert (tmp_path / "exit.lost").read_text() == "b\n" and "watchdog on rank 1" in capsys.readouterr().err
+
+
 # -- end to end -----------------------------------------------------------------------------
 CONFIG = """
 [run]

@@ -22,9 +22,11 @@ Who speaks: rank 0, or the deputy where rank 0 is silent. The speaker prints one
 phase, how long it ran, its limit and where the limit came from, the silent ranks and hosts),
 writes the exit code to ``$HPCEVO_EXIT_FILE`` and the lost hosts, one per line, to
 ``$HPCEVO_EXIT_FILE.lost`` (the job script excludes them when it relaunches), and calls
-MPI_Abort. Every other rank ends itself ``SPEAK_GRACE`` seconds later, where the launcher has
-not ended it first; a launcher that cannot reach a dead node may never do that (srun waits for
-it), which is why no rank relies on it.
+MPI_Abort. Every other rank whose own limit has passed waits ``SPEAK_GRACE`` seconds for that
+abort; where it has not come (the speaker is gone, or its own measured limit is longer), that rank
+speaks and aborts itself, so a job never ends without its message; a launcher that cannot reach a
+dead node may never end the ranks (srun waits for it), which is why every speaker also exits by
+itself ``ABORT_BACKSTOP`` seconds after its abort.
 """
 
 from __future__ import annotations
@@ -278,13 +280,18 @@ class Watchdog:
         return text, lost
 
     def _end_job(self, phase: Phase, elapsed: float) -> None:
-        if not self.speaks():
-            # The speaker's abort normally ends this rank; where it cannot (no speaker left,
-            # a launcher that waits for a dead node), the rank ends itself.
+        late = not self.speaks()
+        if late:
+            # The speaker's abort normally ends this rank within the grace. Where it has not, the
+            # speaker is gone or has not judged its phase overrun: each rank times its phase by its
+            # own measured dispatches, and a speaker whose recent ones were slower allows more. A
+            # rank that then ended itself quietly left a job ended with 76 and no word of why
+            # (seen in CI under load), so this rank speaks, without overwriting what a speaker wrote.
             time.sleep(SPEAK_GRACE)
-            real_exit(EXIT_PEER_LOST)
+            self._drain()
+            elapsed += SPEAK_GRACE
         # Silence is told after SILENT_BEATS periods; a phase limit shorter than that waits for it.
-        wait = 0.0 if phase.open else SILENT_BEATS * self.heartbeat + 0.5 - elapsed
+        wait = 0.0 if phase.open or late else SILENT_BEATS * self.heartbeat + 0.5 - elapsed
         if wait > 0:
             time.sleep(wait)
             self._drain()
@@ -292,7 +299,7 @@ class Watchdog:
         text, lost = self.report(phase, elapsed)
         print(f"hpcevo: error: {text}", file=sys.stderr, flush=True)
         path = os.environ.get("HPCEVO_EXIT_FILE")
-        if path:
+        if path and not (late and os.path.exists(path)):
             try:
                 with open(path + ".lost", "w") as f:
                     f.write("".join(f"{h}\n" for h in lost))
