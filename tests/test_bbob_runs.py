@@ -209,6 +209,35 @@ def test_instances_of_a_function_share_one_compiled_program():
 
 
 @pytest.mark.single_process
+def test_a_loop_on_an_engine_that_compiled_its_programs_traces_and_lowers_nothing_again():
+    """A study's runs of one program (other instances, seeds) share an engine; each run's
+    ``compile`` traced, lowered and looked the programs up in the cache again: a quarter of a
+    second a run, most of a short BBOB run (issue 41). Now nothing is traced for the next run."""
+    import jax.monitoring
+
+    algorithm = hpcevo.algorithms.CMAES(pop_size=6, dim=4, lb=-5.0, ub=5.0)
+    first = hpcevo.Loop(algorithm, make_bbob(7, 1, 4)).compile(0).init(0).advance(5)
+    events = []
+
+    def heard(event, seconds, **kw):
+        if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+            events.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    try:
+        nxt = hpcevo.Loop(algorithm, make_bbob(7, 2, 4))
+        assert nxt.engine is first.engine
+        nxt.compile(3).init(3).advance(5)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(heard)
+    assert events == []
+    from hpcevo.driver import loop as loop_module
+    loop_module._ENGINES.clear()
+    alone = hpcevo.Loop(algorithm, make_bbob(7, 2, 4)).compile(3).init(3).advance(5)
+    assert alone.engine is not nxt.engine and alone.digest() == nxt.digest()
+
+
+@pytest.mark.single_process
 def test_bbob_runs_in_float64_unless_told_and_says_why_float32_is_risky(tmp_path, capsys):
     cfg = {"run": {"name": "b", "generations": 3, "out": str(tmp_path / "a")}, "algorithm": {"name": "cmaes"},
            "problem": {"name": "bbob", "function": 1, "instance": 1, "dim": 2}}

@@ -286,6 +286,37 @@ def test_validation_checks_each_distinct_program_once(monkeypatch):
     assert len(study.runs) == 2000 and len(calls) == 4
 
 
+@pytest.mark.single_process
+def test_runs_of_one_program_are_spread_so_that_groups_compile_different_programs(tmp_path):
+    """Longest first, and among runs of one cost each program's first run, then each one's second:
+    in the plain order a program's runs sat side by side, every group took one at the same moment
+    and compiled the same program (a 2-group BBOB slice: each program twice, issue 41). BBOB's
+    instances, seeds, budgets and targets are data to a program; dimensions and functions are not.
+    The launch hands the runs out in that order (its journal)."""
+    from hpcevo.studies.runner import spread_programs
+
+    study = load_study({
+        "study": {"seeds": 2, "out": str(tmp_path / "s")},
+        "base": {"algorithm": {"name": "cmaes", "pop_size": 4}, "problem": {"name": "bbob"},
+                 "run": {"target_precision": 1e-8}, "log": {"every": 1000}, "checkpoint": {"every": 0}},
+        "axis": [{"key": "problem.function", "values": [1, 8], "labels": ["f1", "f8"]},
+                 {"zip": {"problem.dim": [2, 3], "run.evaluations": [24, 36]}, "labels": ["d2", "d3"], "role": "problem"},
+                 {"key": "problem.instance", "values": [1, 2], "labels": ["i1", "i2"]}]})
+    runs = sorted(study.runs, key=lambda r: (-r.cost(), r.configuration, r.problem, r.index))
+    assert [r.problem for r in runs[:8]] == ["f1-d3-i1"] * 2 + ["f1-d3-i2"] * 2 + ["f8-d3-i1"] * 2 + ["f8-d3-i2"] * 2
+    assert runs[0].cost() == 36 * 3 and runs[-1].cost() == 24 * 2  # (the budget, not 100 generations)
+    assert len({r.program for r in runs}) == 4 and runs[0].program == runs[3].program != runs[4].program
+    spread = spread_programs(runs)
+    assert sorted(r.index for r in spread) == sorted(r.index for r in runs)
+    assert [r.name for r in spread[:4]] == ["cmaes__f1-d3-i1__s0", "cmaes__f8-d3-i1__s0",
+                                           "cmaes__f1-d3-i1__s1", "cmaes__f8-d3-i1__s1"]
+    assert all(r.problem.endswith("-d3-" + r.problem[-2:]) for r in spread[:8])  # dim 3 (longer) first
+    assert [r.problem[:2] for r in spread[8:12]] == ["f1", "f8", "f1", "f8"]
+    hpcevo.study(study, quiet=True)  # one rank: one group takes them in the launch's order
+    started = [e["run"] for e in read_events(study.out) if e.get("event") == "start"]
+    assert started == [r.name for r in spread]
+
+
 # -- the report's statistics ----------------------------------------------------------------------
 @pytest.mark.single_process
 def test_holm_and_ert_by_hand():

@@ -233,7 +233,7 @@ class _Launch:
                             "overrides": list(study.overrides)})
         self.todo_count = len(todo)
         order = sorted(todo, key=lambda s: (-s.run.cost(), s.run.configuration, s.run.problem, s.run.index))
-        return [s.run.index for s in order]
+        return [r.index for r in spread_programs([s.run for s in order])]
 
     def _changed(self, here: list) -> set[str]:
         """The begun runs whose config the study now changes in a key that alters results; a
@@ -357,6 +357,29 @@ class _Launch:
             line += (f"; failed runs are in {journal_path(self.study.out, self.options.part)} (run them again: "
                      f"{rundir.option('resume')} {rundir.option('retry_failed')})")
         return line
+
+
+def spread_programs(runs: list[StudyRun]) -> list[StudyRun]:
+    """``runs`` (longest first) with the runs of one cost taken program by program in turn: the
+    first run of each program, then the second of each, and so on. In the plain order the runs of
+    one program sat side by side, so every group took one at the same moment and each compiled
+    the same program (a 2-group BBOB slice compiled each of its programs twice, in parallel).
+    Spread, the groups compile different programs, and a program's later runs, by then in the
+    compilation cache, load it."""
+    out: list[StudyRun] = []
+    i = 0
+    while i < len(runs):
+        j = i
+        while j < len(runs) and runs[j].cost() == runs[i].cost():
+            j += 1
+        by_program: dict[str, list[StudyRun]] = {}
+        for r in runs[i:j]:
+            by_program.setdefault(r.program, []).append(r)
+        lanes = list(by_program.values())
+        for k in range(max(len(lane) for lane in lanes)):
+            out.extend(lane[k] for lane in lanes if k < len(lane))
+        i = j
+    return out
 
 
 # What a resumed study's runs may change: where and how they log, checkpoint and are bound to

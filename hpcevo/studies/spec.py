@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import math
 import re
 from pathlib import Path
@@ -144,9 +145,26 @@ class StudyRun:
         return config_from_dict(self.data, self.source)
 
     def cost(self) -> float:
-        """A rough size of the run, to start the longest first."""
+        """A rough size of the run, to start the longest first: its evaluations (the budget where
+        that ends it sooner than its generations) times the dimension."""
         run, alg, prob = self.data.get("run", {}), self.data.get("algorithm", {}), self.data.get("problem", {})
-        return float(run.get("generations", 100)) * float(alg.get("pop_size", 100)) * float(prob.get("dim") or 1)
+        evaluations = float(run.get("generations", 100)) * float(alg.get("pop_size", 100))
+        if isinstance(run.get("evaluations"), int):
+            evaluations = min(evaluations, float(run["evaluations"]))
+        return evaluations * float(prob.get("dim") or 1)
+
+    @property
+    def program(self) -> str:
+        """What its compiled programs are made of: its config less what is data to them (the
+        seed, the BBOB instance, budgets and targets) and what never reaches them (where and how
+        long it runs, logs, checkpoints). Runs with one value share their programs: the first to
+        run compiles them, the others load them from the compilation cache."""
+        d = {k: dict(v) if isinstance(v, dict) else v for k, v in self.data.items() if k not in ("log", "checkpoint")}
+        for key in ("seed", "name", "out", "generations", "evaluations", "target", "target_precision",
+                    "stagnation_generations", "stagnation_tolerance", "reevaluate"):
+            d.get("run", {}).pop(key, None)
+        d.get("problem", {}).pop("instance", None)
+        return json.dumps(d, sort_keys=True, default=repr)
 
 
 @dataclasses.dataclass(frozen=True)
