@@ -157,7 +157,7 @@ class BaseAlgorithm(Algorithm):
     @classmethod
     def hyper_parameters(cls) -> dict[str, dataclasses.Field]:
         base = {f.name for f in dataclasses.fields(BaseAlgorithm)}
-        return {f.name: f for f in dataclasses.fields(cls) if f.name not in base}
+        return {f.name: f for f in dataclasses.fields(cls) if f.name not in base and f.init}
 
     # -- sizes of the batches handed to the evaluator ------------------------------------------
     @property

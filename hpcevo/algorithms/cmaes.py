@@ -86,6 +86,10 @@ class _CMABase(BaseAlgorithm):
     lambda0: int = 0  # first lambda with restarts; 0: 4 + floor(3 ln n) [H16, Eq. 48]
     clip: bool = False
     x0: tuple[float, ...] | None = None  # the first run's mean (default: uniform in the box)
+    # The rows a program computes with restarts: one bucket of ``row_buckets`` (0: pop_size). Not
+    # a hyper-parameter: a loop runs each restart's population in the program of its bucket
+    # (``with_rows``); see the module docstring.
+    rows: int = dataclasses.field(default=0, init=False)
 
     # [AH05] stopping criteria (TolFun and TolX from their Sec. 2; 1e-12 as there).
     tol_fun = 1e-12
@@ -131,6 +135,46 @@ class _CMABase(BaseAlgorithm):
         if self.restart != "none":
             return self.lambda0 or self.default_lambda
         return self.pop_size
+
+    # -- population buckets: a generation costs what its lambda costs ---------------------------------
+    @property
+    def num_ask(self) -> int:
+        return self.rows or self.pop_size
+
+    def row_buckets(self) -> tuple[int, ...] | None:
+        """The sizes of the programs a restarting run moves between: lambda0 * 2^k, capped at
+        pop_size (the lambdas IPOP's restarts take; BIPOP's small ones fall between them, in the
+        next size up: within 2x). None without restarts (lambda is pop_size throughout)."""
+        if self.restart == "none":
+            return None
+        table = [self.lam_start]
+        while table[-1] < self.pop_size:
+            table.append(min(self.lam_start * 2 ** len(table), self.pop_size))
+        return tuple(table)
+
+    def population_size(self, state: CMAState) -> jax.Array:
+        """The population (lambda) of ``state``'s run."""
+        return state.lam
+
+    def bucket_rows(self, lam: int) -> int:
+        """The bucket a population of ``lam`` runs in: the smallest size >= lam."""
+        return next(b for b in self.row_buckets() or (self.pop_size,) if b >= lam)
+
+    def with_rows(self, rows: int) -> "_CMABase":
+        """This algorithm computing ``rows`` rows a generation (a bucket of ``row_buckets``)."""
+        copy = dataclasses.replace(self)
+        object.__setattr__(copy, "rows", int(rows))
+        return copy
+
+    def fits(self, state: CMAState):
+        """Traced: whether the population of ``state`` runs in this program's bucket (a loop's
+        chunk ends where a restart moves it to another); None for the program of pop_size rows."""
+        if not self.rows:
+            return None
+        buckets = self.row_buckets()
+        i = buckets.index(self.rows)
+        below = buckets[i - 1] if i else 0
+        return (state.lam <= self.rows) & (state.lam > below)
 
     @property
     def max_gen_default(self) -> int:
@@ -196,16 +240,18 @@ class _CMABase(BaseAlgorithm):
         key, k_z = jax.random.split(state.key)
         # The ES library's sampler: Box-Muller on both outputs, half the cost of
         # jax.random.normal's erfinv on a CPU, and the same bits in every program.
-        z = _es.block_noise(k_z, 0, self.pop_size, self.dim, self.dtype)
+        z = _es.block_noise(k_z, 0, self.num_ask, self.dim, self.dtype)
         y = self._steps(state, z)
         x = state.mean + state.sigma * y
         if self.clip:
             x = self.clip_to_box(x)
+        if self.num_ask < self.pop_size:  # (a bucket: the rows past it are not this generation's)
+            z, y = state.z.at[: self.num_ask].set(z), state.y.at[: self.num_ask].set(y)
         return x, state._replace(key=key, z=z, y=y)
 
     def weights(self, lam: jax.Array):
         """Recombination weights by rank for the active lambda [H16, Eq. 49-53]; zero past lam."""
-        P, n, dt = self.pop_size, self.dim, self.dtype
+        P, n, dt = self.num_ask, self.dim, self.dtype
         i = jnp.arange(1, P + 1, dtype=dt)
         lam_f = lam.astype(dt)
         raw = jnp.log((lam_f + 1) / 2) - jnp.log(i)
@@ -228,11 +274,12 @@ class _CMABase(BaseAlgorithm):
         return w, mueff, (cs, ds, cc, c1, cmu)
 
     def tell(self, state: CMAState, fitness: jax.Array) -> CMAState:
-        n, P, dt = self.dim, self.pop_size, self.dtype
+        n, P, dt = self.dim, self.num_ask, self.dtype
         fitness = fitness.astype(dt)
         active = jnp.arange(P) < state.lam
         order = jnp.argsort(jnp.where(active, fitness, jnp.inf), stable=True)
-        zs, ys = state.z[order], state.y[order]
+        z, y = (state.z[:P], state.y[:P]) if P < self.pop_size else (state.z, state.y)
+        zs, ys = z[order], y[order]
         w, mueff, (cs, ds, cc, c1, cmu) = self.weights(state.lam)
         w_pos = jnp.maximum(w, 0)
 

@@ -57,7 +57,7 @@ class Batch:
             for i, loop in enumerate(loops[1:], 1):
                 if loop.ctx is not first.ctx:
                     raise UsageError(f"Batch: loops[{i}] runs on another parallel context than loops[0]")
-                if loop.engine is not first.engine:
+                if loop._family is not first._family:
                     raise UsageError(
                         f"Batch: loops[{i}] is not the program of loops[0]: a batch's runs differ only in data (seed, "
                         "dynamic hyper-parameters, problem instance, limits); build them with the same algorithm "
@@ -71,7 +71,6 @@ class Batch:
             check()  # (raises: no context to agree on)
         self.loops: list[Loop] = agreed(ctx, "Batch", check, lambda ls: f"{len(ls)} loops")
         self.ctx = ctx
-        self.engine: DeviceEngine = self.loops[0].engine
 
     def __len__(self) -> int:
         return len(self.loops)
@@ -95,7 +94,10 @@ class Batch:
 
         seeds = agreed(self.ctx, "Batch.init: the seeds", check)
         params = [loop._data() for loop in self.loops]
-        out = self._dispatch(lambda: self.engine.start_runs(seeds, params))
+        for loop in self.loops:
+            loop._start_engine()
+        engine = self.loops[0].engine  # (one family: generation 1's program is the same for all)
+        out = self._dispatch(lambda: engine.start_runs(seeds, params))
         for loop, seed, (state, part) in zip(self.loops, seeds, out):
             loop.state, loop.seed, loop.generation, loop._pending = state, seed, 1, None
             loop._restart_history()
@@ -116,16 +118,25 @@ class Batch:
             active = [loop for loop in self.loops if left[id(loop)] and loop.check_limits() is None]
             if not active:
                 break
-            k = min(min(left[id(loop)] for loop in active), self.engine.max_chunk)
-            limits = [loop._dispatch_limits() for loop in active]
-            params = [loop._data() for loop in active]
-            states = [loop.state for loop in active]
-            out = self._dispatch(lambda: self.engine.advance_runs(states, k, params, limits))
-            for loop, (state, part) in zip(active, out):
-                loop.state = state
-                loop.generation += len(part["evaluations"])
-                loop._took(part)
-                left[id(loop)] -= k
+            # Runs whose population changed size at a restart run in another program (Loop's
+            # population buckets): each program's runs are dispatched together.
+            programs: dict[Any, list[Loop]] = {}
+            for loop in active:
+                loop._select_engine()
+                programs.setdefault(loop.engine, []).append(loop)
+            k = min(min(left[id(loop)] for loop in active), min(e.max_chunk for e in programs))
+            for engine, runs in programs.items():
+                limits = [loop._dispatch_limits() for loop in runs]
+                params = [loop._data() for loop in runs]
+                states = [loop.state for loop in runs]
+                out = self._dispatch(lambda: engine.advance_runs(states, k, params, limits))
+                for loop, (state, part) in zip(runs, out):
+                    done = len(part["evaluations"])
+                    loop.state = state
+                    loop.generation += done
+                    loop._took(part)
+                    # (fewer than k: a limit, met, or a move to another bucket: the next round)
+                    left[id(loop)] -= done if loop._buckets else k
         for loop in self.loops:
             loop.check_limits()
         return self

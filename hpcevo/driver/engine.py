@@ -322,9 +322,13 @@ class DeviceEngine:
         trace = tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in traced)
         k = window.shape[0]  # stagnation's generations (0: not checked; a static shape)
 
+        fits = getattr(self.algorithm, "fits", None)
+
         def more(carry):
             i, spent, s, _, _, _, stalled = carry
-            return (i < n) & (spent < left) & ~self.recorder.reached(s, target) & ~stalled
+            go = (i < n) & (spent < left) & ~self.recorder.reached(s, target) & ~stalled
+            inside = fits(s.algo) if fits is not None else None  # (a population bucket: Loop.advance)
+            return go if inside is None else go & inside
 
         def body(carry):
             i, spent, s, h, t, w, stalled = carry

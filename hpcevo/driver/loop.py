@@ -118,14 +118,22 @@ class Loop:
                                      concurrency=opts["concurrency"], schedule=opts["schedule"], penalty=opts["penalty"])
             self.engine.trace = trace
         else:
-            self.engine = device_engine(algorithm, problem, ctx, mb, bs,
-                                        recorder if recorder is not None else recorder_for(problem), trace)
+            self._engine_args = (problem, ctx, mb, bs, recorder if recorder is not None else recorder_for(problem),
+                                 trace)
+            self.engine = device_engine(algorithm, problem, ctx, mb, bs, self._engine_args[4], trace)
+        # A population that changes size at restarts (IPOP/BIPOP-CMA-ES) runs each generation in
+        # the program of its size's bucket: a generation costs what its lambda costs, not the
+        # largest lambda's (``row_buckets``: 56x at lambda 8 of 4,096 rows in 5-D, issue 41).
+        self._buckets = None if problem.host else getattr(algorithm, "row_buckets", lambda: None)()
+        self._family = self.engine  # (the program of pop_size rows: what a batch's loops share)
+        if self._buckets:
+            self.engine = self._engine_at(self._buckets[0])
         self._observe = observe
         self.seed: int | None = None
         self.state: Any = None
         self.generation = 0  # generations completed (1: the initial population evaluated)
         self._history = HistoryBuffer()
-        self._compiled: set[bool] = set()  # which programs are compiled: True (generation 1), False (later)
+        self._compiled: set[tuple[Any, bool]] = set()  # (engine, True: generation 1's program / False: later)
         self.failures: list[dict] = []  # failed host evaluations so far (rank 0)
         self._evaluations = 0  # rows used so far (Algorithm.rows_used), a Python int: no overflow
         self._limits = Limits()
@@ -135,6 +143,7 @@ class Loop:
     def init(self, seed: int) -> "Loop":
         """Start from ``seed`` and evaluate the initial population (generation 1)."""
         seed = arguments.seed(self.ctx, seed, "Loop.init")
+        self._start_engine()
         self.compile(seed, first=True)
         self.state, part = self.engine.start(seed, self._data())
         self.seed, self.generation, self._pending = seed, 1, None
@@ -152,16 +161,46 @@ class Loop:
         n = arguments.generations(self.ctx, generations, self.generation, "Loop.advance")
         self._require_state()
         self._require_no_pending("advance")
-        if n and self.check_limits() is None:
+        left = n
+        while left and self.check_limits() is None:
+            self._select_engine()
             self.compile(self.seed or 0, first=False)
-        for k in chunks(n, self.engine.max_chunk):
-            if self.check_limits() is not None:
-                break
+            k = min(left, self.engine.max_chunk)
             self.state, part = self.engine.advance(self.state, k, self._data(), self._dispatch_limits())
-            self.generation += len(part["evaluations"])
+            done = len(part["evaluations"])
+            self.generation += done
             self._took(part)
+            left -= done
+            if done < k and not self._buckets:
+                break  # (a limit: check_limits says which)
+            if not done and self.check_limits() is None:
+                raise RuntimeError(f"Loop.advance: the program of {self.engine.algorithm.num_ask} rows ran no "
+                                   "generation and no limit was met")
         self.check_limits()
         return self
+
+    def _engine_at(self, rows: int) -> DeviceEngine:
+        """The engine of this loop's algorithm computing ``rows`` rows (0: pop_size)."""
+        algorithm = self._algorithm.with_rows(rows) if rows else self._algorithm
+        return device_engine(algorithm, *self._engine_args)
+
+    def _start_engine(self) -> None:
+        """The engine of generation 1 (with population buckets: the first population's)."""
+        if self._buckets:
+            self.engine = self._engine_at(self._buckets[0])
+
+    def _select_engine(self) -> None:
+        """With population buckets: the engine of the bucket the state's population runs in."""
+        if self._buckets and self.state is not None:
+            rows = self._algorithm.bucket_rows(int(jax.device_get(self._algorithm.population_size(self.state.algo))))
+            if getattr(self.engine.algorithm, "rows", 0) != rows:
+                self.engine = self._engine_at(rows)
+
+    def idle_ranks(self) -> tuple[int, int]:
+        """(ranks with nothing to evaluate, the micro-batch that would give every rank work) in
+        the largest program this loop runs (``Engine.idle_ranks``)."""
+        engine = self._engine_at(self._buckets[-1]) if self._buckets else self.engine
+        return engine.idle_ranks()
 
     def limit(self, evaluations: int | None = None, target: float | None = None, stagnation: int | None = None,
               tolerance: float = 0.0) -> "Loop":
@@ -251,7 +290,7 @@ class Loop:
         """Compile ahead of time, so that timing the first dispatch does not time compilation.
         (``init`` and ``advance`` compile what they need on their first call.) Compiling traces
         the problem: an error on any rank is every rank's."""
-        want = {True, False} if first else {False}
+        want = {(self.engine, True), (self.engine, False)} if first else {(self.engine, False)}
         if want <= self._compiled:
             return self
         with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
@@ -340,6 +379,7 @@ class Loop:
         ``advance(1)``. Collective only in what it checks (one small Allreduce)."""
         self._require_state()
         agreed(self.ctx, "Loop.ask", lambda: self._require_no_pending("ask"), lambda _: str(self.generation))
+        self._select_engine()
         with collective_stage(self.ctx), user_code(self.ctx, "the algorithm"), user_errors():
             x, algo = self.engine.ask(self.state, self._data())
         self._pending = (x, algo, self.generation + 1)
@@ -397,8 +437,9 @@ class Loop:
         ``lax.scan`` (``engine.Functions``: ``ask(state, params)``, ``evaluate(x)``,
         ``tell(state, x, algo, raw, params)``; ``params``: ``Loop.params_data()``). Every rank must
         run the program alike (its evaluation gathers over the ranks). Hand the state back with
-        ``adopt``. JAX problems only."""
-        return self.engine.functions(self._data())
+        ``adopt``. JAX problems only. A population that changes size at restarts computes its
+        largest size here, every generation (one fixed shape: ``advance`` moves between sizes)."""
+        return (self._family if self._buckets else self.engine).functions(self._data())
 
     def params_data(self) -> Params:
         """The dynamic hyper-parameters as the arrays the functions of ``functions`` take."""
@@ -584,7 +625,7 @@ _fingerprint = jax.jit(fingerprint)
 # ranks and options takes the engine of an earlier one: a seed sweep in one process (a study's
 # runs, a script that calls hpcevo.run per seed) compiles its programs once. Engines hold no run
 # state: the loop does.
-ENGINES_KEPT = 8
+ENGINES_KEPT = 64  # (a restarting CMA-ES uses up to ten: one per population bucket)
 _ENGINES: list[tuple[tuple, DeviceEngine]] = []
 
 

@@ -3,10 +3,12 @@ queue until none is left. Collective over the job.
 
 Each run is an ordinary run (``driver.execute``) on its group's context, so its directory, its
 digest and its resume are those of the same config run alone at that many ranks. A group keeps
-what it built for one run for the next run of the same program (``RunOptions.reuse``), so a
-seed sweep compiles once per group. Runs are handed out longest first (population x
-generations x dimension), and a group that finishes early takes the next: runs of different
-lengths balance themselves.
+what it built for one run for the next run of the same program (``RunOptions.reuse``, and the
+engine's programs: ``driver.loop.device_engine``). Runs are handed out longest first (their
+evaluations, the budget where it is smaller, x dimension), and among runs of one length program
+by program in turn (``spread_programs``): the groups compile different programs side by side,
+and a program's later runs load it from the compilation cache. A group that finishes early takes
+the next run: runs of different lengths balance themselves.
 
 A stop signal (SIGTERM, SIGUSR1, SIGINT) or the deadline stops every group's run at its next
 boundary with a checkpoint, no run is started after, and the study ends "stopped" (exit 75):
