@@ -17,20 +17,22 @@
       rules follow pycma's ``fmin(bipop=True)`` (its budget accounting and random draws), the
       reference implementation a BBOB user compares with.
 
-Restarts and one compiled program. XLA compiles fixed shapes, but IPOP and BIPOP change lambda. Here
-``pop_size`` is the largest lambda the run may use: every generation asks for ``pop_size`` rows,
-and only the first ``lam`` (a traced integer in the state) take part in the update; the others
-are ordinary samples of the same distribution whose fitness the update ignores. What it costs:
-the inactive rows of a JAX problem are evaluated, though they count nowhere (``rows_used``: the
-run's evaluation count, its best so far and COCO's data see only the first ``lam`` rows, and a
-host problem evaluates only those), and the O(pop_size * n^2) sampling runs at full size. What it buys: one program for the whole run, so it
-runs replicated on every rank with no recompilation or host round trip at a restart, and every
-rank count gives bitwise the same run (everything is data, nothing is shape). The alternatives
-were a host-side loop that rebuilds the workflow per restart (recompiles each restart and
-couples the algorithm to the driver) or compiling one program per lambda (restarts would leave
-the jitted generation loop). Once doubling would exceed ``pop_size``, later restarts keep
-lambda = pop_size. Without restarts (``restart = "none"``) lambda = pop_size throughout and there
-is no masking at all.
+Restarts and compiled programs. XLA compiles fixed shapes, but IPOP and BIPOP change lambda.
+``pop_size`` is the largest lambda the run may use (lambda0 * 2^9 by default), and the state
+holds that many sample rows. A generation is computed by a program of ``rows`` rows, one of the
+buckets lambda0 * 2^k capped at pop_size (``row_buckets``): the bucket of the current lambda, the
+smallest size >= lambda, so a generation costs at most twice what its lambda costs. Only the first
+``lam`` rows (a traced integer in the state) take part in the update; the rest of the bucket are
+samples its update ignores (``rows_used``: the evaluation count, the best so far and COCO's data
+see only the first ``lam``). ``Loop`` runs each generation in its bucket's program and moves to
+another at the restart that changes the bucket (``fits`` ends a chunk there); the bucket is read
+from the state, so every rank moves alike and a resumed run moves as the run never stopped.
+Everything else is data, not shape: every rank count gives bitwise the same run. (Before
+2026-11-27 every generation computed pop_size rows in one program: at lambda 8 in 5-D, 4,096
+rows, 0.95 ms a generation against 0.017 ms in its bucket of 8. ``Loop.functions`` still gives that
+one program of pop_size rows, the fixed shape a user's own ``jax.jit`` or ``lax.scan`` needs.)
+Once doubling would exceed ``pop_size``, later restarts keep lambda = pop_size. Without restarts
+(``restart = "none"``) lambda = pop_size throughout, one program and no masking.
 
 Conventions (see ``_es.py``): mean uniform in the box, sigma0 = ``sigma_init`` times the mean box
 width, C0 = diag((width_i / mean width)^2) (the identity for a cubic box); candidates are not

@@ -114,6 +114,10 @@ class Archipelago:
         self._compiled |= want
         return self
 
+    def idle_ranks(self) -> tuple[int, int]:
+        """(ranks with nothing to evaluate, the micro-batch that would give every rank work)."""
+        return self.engine.idle_ranks()
+
     def close(self) -> None:
         self.engine.close()
 

@@ -372,7 +372,7 @@ class Run:
             line(f"warning: {hosted} islands on a rank: they compile into one program, and compiling grows with "
                  f"them (about a second per island on a 2-core machine; 64 took 99 s there). More ranks, up to "
                  f"one per island ({cfg.islands.count}), share them out", err=True)
-        idle, fair = loop.engine.idle_ranks()
+        idle, fair = loop.idle_ranks()
         if idle:
             line(f"warning: {idle} of {ctx.size} ranks have nothing to evaluate: there are fewer micro-batches "
                  f"per generation than ranks{' in an island' if self.parts.islands else ''}. Set "
