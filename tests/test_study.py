@@ -317,6 +317,22 @@ def test_runs_of_one_program_are_spread_so_that_groups_compile_different_program
     assert started == [r.name for r in spread]
 
 
+@pytest.mark.single_process
+def test_a_group_goes_on_with_the_programs_it_has_loaded_then_takes_one_nobody_has():
+    """The queue's choice (rank 0's dispatcher): among the pending runs of the head's length, a
+    group takes the next of a program it has run, else one of a program no group has taken,
+    else the head; a longer run is never passed over for a shorter one."""
+    from hpcevo.parallel.queue import _Dispatcher
+
+    kinds = {0: ("A", "p"), 1: ("A", "q"), 2: ("A", "r"), 3: ("A", "p"), 4: ("A", "q"), 5: ("A", "r"),
+             6: ("B", "p"), 7: ("B", "s")}
+    queue = _Dispatcher(None, list(range(8)), 2, None, kinds)
+    taken = [queue._take(g) for g in (0, 1, 0, 0, 1, 1, 1, 0)]
+    assert taken == [0, 1, 3, 2, 4, 5, 7, 6]
+    plain = _Dispatcher(None, list(range(8)), 2, None)
+    assert [plain._take(g) for g in (0, 1, 0)] == [0, 1, 2]
+
+
 # -- the report's statistics ----------------------------------------------------------------------
 @pytest.mark.single_process
 def test_holm_and_ert_by_hand():

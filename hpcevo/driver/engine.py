@@ -121,6 +121,11 @@ def fingerprint(tree: Any) -> jax.Array:
     return jnp.stack(out)
 
 
+# One jitted fingerprint for every engine: the programs of a population's buckets share the
+# state's shapes, so its trace and lowering are made once per process, not once per engine.
+FINGERPRINT = jax.jit(fingerprint)
+
+
 def state_digest(tree: Any) -> str:
     """SHA-256 over every leaf's dtype, shape and bytes, in pytree order (on the host)."""
     h = hashlib.sha256()
@@ -272,7 +277,7 @@ class DeviceEngine:
         self._templates: dict[tuple, Any] = {}  # _signature -> the loop state's shapes
         self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
-        self._fingerprint = jax.jit(fingerprint)
+        self._fingerprint = FINGERPRINT
         self._ask = jax.jit(self._ask_fn)
         self._evaluate_jit = jax.jit(self._evaluate_fn)
         self._tell = jax.jit(self._tell_fn)

@@ -39,7 +39,7 @@ from ..parallel import ParallelContext, agree_same, agreed, check_replicas, coll
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
 from . import arguments, build
-from .engine import (MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params, fingerprint,
+from .engine import (FINGERPRINT, MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params,
                      state_digest)
 from .host_engine import HostEngine
 from .recording import recorder_for
@@ -618,7 +618,7 @@ class Loop:
         return self
 
 
-_fingerprint = jax.jit(fingerprint)
+_fingerprint = FINGERPRINT
 
 # Engines (and the programs they compiled) of this process's recent loops. A loop of the same
 # algorithm (its dynamic hyper-parameters are data, so their values do not count), problem,

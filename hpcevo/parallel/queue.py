@@ -35,7 +35,12 @@ class WorkQueue:
     """``tasks`` (any picklable values, given out in this order) for the groups of ``groups``.
     Collective over ``groups.world``: every rank creates it, and every rank calls ``close``."""
 
-    def __init__(self, groups: Groups, tasks: Sequence[Any], on_event: Callable[[dict], None] | None = None):
+    def __init__(self, groups: Groups, tasks: Sequence[Any], on_event: Callable[[dict], None] | None = None,
+                 kinds: dict[Any, tuple[Any, Any]] | None = None):
+        """``kinds`` (rank 0's): task -> (its class, its kind). A group is given the first pending
+        task of the head's class whose kind it has run before, else the head: a study's group
+        takes the next run of a program it has loaded (class: the run's length, so longest
+        first still holds), not one another group has."""
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -46,7 +51,7 @@ class WorkQueue:
         self._halted_here = False
         self._dispatcher: _Dispatcher | None = None
         if groups.world.is_root:
-            self._dispatcher = _Dispatcher(self.comm, list(tasks), groups.count, on_event)
+            self._dispatcher = _Dispatcher(self.comm, list(tasks), groups.count, on_event, kinds)
             self._dispatcher.start()
 
     def next(self, outcome: dict | None = None, halt: str | None = None) -> Any:
@@ -85,10 +90,13 @@ class WorkQueue:
 class _Dispatcher(threading.Thread):
     """Rank 0's thread: answers every group's requests until each group has been told None."""
 
-    def __init__(self, comm: Any, tasks: list[Any], groups: int, on_event: Callable[[dict], None] | None):
+    def __init__(self, comm: Any, tasks: list[Any], groups: int, on_event: Callable[[dict], None] | None,
+                 kinds: dict[Any, tuple[Any, Any]] | None = None):
         super().__init__(name="hpcevo-work-queue", daemon=True)
         self.comm, self.pending, self.groups = comm, collections.deque(tasks), groups
         self.on_event = on_event
+        self.kinds = kinds
+        self.ran: dict[int, set] = {}  # group -> the kinds of task it has run
         self.halted: str | None = None
         self.error: BaseException | None = None
 
@@ -108,12 +116,36 @@ class _Dispatcher(threading.Thread):
             if halt and not self.halted:
                 self.halted = halt
                 self._emit({"event": "halt", "group": group, "time": time.time(), "reason": halt})
-            task = None if self.halted or not self.pending else self.pending.popleft()
+            task = None if self.halted or not self.pending else self._take(group)
             if task is not None:
                 self._emit({"event": "start", "group": group, "time": time.time(), "task": task})
             if task is None:
                 done += 1
             self.comm.send(task, dest=source, tag=_REPLY)
+
+    def _take(self, group: int) -> Any:
+        """The next task for ``group``: among the pending tasks of the head's class, the first of
+        a kind it has run, else the first of a kind no group has taken yet, else the head."""
+        if self.kinds is None:
+            return self.pending.popleft()
+        head_class = self.kinds[self.pending[0]][0]
+        mine = self.ran.setdefault(group, set())
+        taken = set().union(*self.ran.values())
+        fresh = None
+        for i, task in enumerate(self.pending):
+            cls, kind = self.kinds[task]
+            if cls != head_class:
+                break
+            if kind in mine:
+                fresh = i
+                break
+            if fresh is None and kind not in taken:
+                fresh = i
+        i = fresh or 0
+        task = self.pending[i]
+        del self.pending[i]
+        mine.add(self.kinds[task][1])
+        return task
 
     def _emit(self, event: dict) -> None:
         if self.on_event is None or self.error is not None:

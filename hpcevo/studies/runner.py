@@ -128,7 +128,10 @@ class _Launch:
         if world.is_root and not options.quiet:
             self._say(self._banner(len(todo), groups))
         deadline = find_deadline(world, options.deadline, None, _margin(study), t0)
-        queue = WorkQueue(groups, todo, self._event if world.is_root else None)
+        # (a group goes on with the runs of a program it has loaded: each program is loaded, or
+        # compiled, by as few groups as the balance allows)
+        kinds = {i: (self.study.runs[i].cost(), self.study.runs[i].program) for i in todo} if world.is_root else None
+        queue = WorkQueue(groups, todo, self._event if world.is_root else None, kinds)
         flag = options.stop if options.stop is not None else StopFlag()
         fault = study.runs[0].config().fault if study.runs else None
         # The job's watchdog (each run has its own, on its group): a host lost while groups wait
