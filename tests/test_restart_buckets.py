@@ -67,8 +67,11 @@ def test_each_population_runs_in_the_program_of_its_bucket_with_the_bits_of_one_
 
 @pytest.mark.ranks(1, 3)
 def test_a_run_saved_in_a_larger_program_resumes_to_the_run_never_stopped(ctx, shared_tmp):
-    whole = hpcevo.Loop(bipop(), PROBLEM, ctx).init(5).advance(300)
-    assert whole.engine.algorithm.num_ask > 5  # (past a restart)
+    whole = hpcevo.Loop(bipop(), PROBLEM, ctx).init(5)
+    compiled = []
+    whole.on_compile = compiled.append  # (a run's driver arms its watchdog there)
+    whole.advance(300)
+    assert compiled == [10, 20] and whole.engine.algorithm.num_ask == 20  # (past two restarts)
     path = whole.save(shared_tmp / "ck")
     whole.advance(300)
     again = hpcevo.Loop(bipop(), PROBLEM, ctx).load(path)

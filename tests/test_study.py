@@ -312,9 +312,10 @@ def test_runs_of_one_program_are_spread_so_that_groups_compile_different_program
                                            "cmaes__f1-d3-i1__s1", "cmaes__f8-d3-i1__s1"]
     assert all(r.problem.endswith("-d3-" + r.problem[-2:]) for r in spread[:8])  # dim 3 (longer) first
     assert [r.problem[:2] for r in spread[8:12]] == ["f1", "f8", "f1", "f8"]
-    hpcevo.study(study, quiet=True)  # one rank: one group takes them in the launch's order
+    hpcevo.study(study, quiet=True)  # one group: it goes on with each program it has loaded
     started = [e["run"] for e in read_events(study.out) if e.get("event") == "start"]
-    assert started == [r.name for r in spread]
+    assert started == [f"cmaes__{f}-{d}-{i}__s{seed}" for d in ("d3", "d2") for f in ("f1", "f8")
+                       for i in ("i1", "i2") for seed in (0, 1)]
 
 
 @pytest.mark.single_process

@@ -142,6 +142,14 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
             # it runs (seconds to minutes) is kept for the first boundary (generation 1, or the
             # resumed one), which checkpoints and ends the run as at any other; before, it found
             # the default handler and killed the process on the spot.
+            if isinstance(run.loop, Loop):
+                def compiling(rows: int) -> None:
+                    # A restart's population needs the program of another size, compiled inside
+                    # the dispatch (seconds, cold): the compile's allowance, not the dispatch's.
+                    run.compiled_in_dispatch = True
+                    dog.arm(f"compiling the program of {rows} rows (a restart's population) and its generations",
+                            *limits.compile())
+                run.loop.on_compile = compiling
             with run.stop:
                 dog.arm("compiling and the first generation", *limits.compile())
                 with _stop_while_compiling(ctx, run, options.face == "cli" and options.stop is None):
@@ -170,8 +178,10 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
                         target = run.schedule.next_target(gen, decision.chunk)
                         dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
                                 *limits.dispatch(target - gen))
+                        run.compiled_in_dispatch = False
                         seconds = run.advance(target - gen)
-                        limits.note_dispatch(target - gen, seconds)
+                        if not run.compiled_in_dispatch:  # (a compile's seconds are no dispatch's measure)
+                            limits.note_dispatch(target - gen, seconds)
                         chunk = next_chunk(target - gen, seconds)
                         gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
                     dog.arm("finishing", *limits.startup())
@@ -281,6 +291,7 @@ class Run:
                  report: Reporter, stop: StopControl):
         self.ctx, self.cfg, self.loop, self.parts, self.rundir, self.report, self.stop = (
             ctx, cfg, loop, parts, rundir, report, stop)
+        self.compiled_in_dispatch = False  # (a population bucket's program compiled in the last dispatch)
         ck = cfg.checkpoint
         self.schedule = Schedule(cfg.run.generations, cfg.log.every, ck.every)
         self.resumed_at: int | None = None

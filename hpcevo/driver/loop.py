@@ -129,6 +129,10 @@ class Loop:
         if self._buckets:
             self.engine = self._engine_at(self._buckets[0])
         self._observe = observe
+        # Called (with the program's rows) on every rank before ``advance`` or ``ask`` compiles the
+        # program of a population bucket the run has not used yet: a run's driver gives the
+        # watchdog the compile's allowance instead of a dispatch's (driver.execute).
+        self.on_compile: Callable[[int], None] | None = None
         self.seed: int | None = None
         self.state: Any = None
         self.generation = 0  # generations completed (1: the initial population evaluated)
@@ -190,11 +194,13 @@ class Loop:
             self.engine = self._engine_at(self._buckets[0])
 
     def _select_engine(self) -> None:
-        """With population buckets: the engine of the bucket the state's population runs in."""
+        """With population buckets: the engine of the bucket the state's population runs in
+        (compiled ahead: ``on_compile`` hears of it)."""
         if self._buckets and self.state is not None:
             rows = self._algorithm.bucket_rows(int(jax.device_get(self._algorithm.population_size(self.state.algo))))
             if getattr(self.engine.algorithm, "rows", 0) != rows:
                 self.engine = self._engine_at(rows)
+                self.compile(self.seed or 0, first=False)
 
     def idle_ranks(self) -> tuple[int, int]:
         """(ranks with nothing to evaluate, the micro-batch that would give every rank work) in
@@ -293,6 +299,8 @@ class Loop:
         want = {(self.engine, True), (self.engine, False)} if first else {(self.engine, False)}
         if want <= self._compiled:
             return self
+        if self.on_compile is not None and self._compiled:  # (a later program: a new bucket's)
+            self.on_compile(self.engine.algorithm.num_ask)
         with collective_stage(self.ctx), user_code(self.ctx, "the problem"), user_errors():
             self._compile_programs(seed, first)
         self._compiled |= want
