@@ -196,11 +196,17 @@ class Loop:
     def _select_engine(self) -> None:
         """With population buckets: the engine of the bucket the state's population runs in
         (compiled ahead: ``on_compile`` hears of it)."""
+        if self._pick_engine():
+            self.compile(self.seed or 0, first=False)
+
+    def _pick_engine(self) -> bool:
+        """``_select_engine`` without compiling; whether the engine changed."""
         if self._buckets and self.state is not None:
             rows = self._algorithm.bucket_rows(int(jax.device_get(self._algorithm.population_size(self.state.algo))))
             if getattr(self.engine.algorithm, "rows", 0) != rows:
                 self.engine = self._engine_at(rows)
-                self.compile(self.seed or 0, first=False)
+                return True
+        return False
 
     def idle_ranks(self) -> tuple[int, int]:
         """(ranks with nothing to evaluate, the micro-batch that would give every rank work) in
@@ -296,6 +302,8 @@ class Loop:
         """Compile ahead of time, so that timing the first dispatch does not time compilation.
         (``init`` and ``advance`` compile what they need on their first call.) Compiling traces
         the problem: an error on any rank is every rank's."""
+        if not first:
+            self._pick_engine()  # (a loaded run compiles the program of its population)
         want = {(self.engine, True), (self.engine, False)} if first else {(self.engine, False)}
         if want <= self._compiled:
             return self
