@@ -26,7 +26,7 @@ def bipop(**kw):
     return CMAES(pop_size=40, dim=2, lb=PROBLEM.lb, ub=PROBLEM.ub, restart="bipop", lambda0=5, **kw)
 
 
-def walk(loop, steps: int = 120, k: int = 5) -> list[list[int]]:
+def walk(loop, steps: int = 60, k: int = 10) -> list[list[int]]:
     """(generation, lambda, rows of the program that ran it) after each of ``steps`` advances."""
     seen = []
     for _ in range(steps):
@@ -65,7 +65,8 @@ def test_each_population_runs_in_the_program_of_its_bucket_with_the_bits_of_one_
     assert got == references.get(request, "bipop", one_rank)
 
 
-@pytest.mark.ranks(1, 3)
+# (the moves are the same at any rank count: the test above; these at 1 and 2 ranks)
+@pytest.mark.ranks(1, 2)
 def test_a_run_saved_in_a_larger_program_resumes_to_the_run_never_stopped(ctx, shared_tmp):
     whole = hpcevo.Loop(bipop(), PROBLEM, ctx).init(5)
     compiled = []
@@ -97,7 +98,7 @@ def test_ask_evaluate_tell_across_a_restart_is_advance(ctx):
     assert stepped.functions().ask(stepped.state, stepped.params_data())[0].shape == (40, 2)
 
 
-@pytest.mark.ranks(1, 3)
+@pytest.mark.ranks(1, 2)
 def test_a_batch_of_restarting_runs_moves_each_between_programs_and_equals_the_runs_alone(ctx):
     def loops():
         made = [hpcevo.Loop(bipop(), PROBLEM, ctx) for _ in range(3)]
