@@ -389,7 +389,9 @@ class Loop:
 
     # -- ask / evaluate / tell: a generation in the user's hands --------------------------------
     def ask(self) -> jax.Array:
-        """The next generation's candidates, ``(algorithm.num_ask, dim)``, the same on every rank.
+        """The next generation's candidates, ``(algorithm.num_ask, dim)`` (a population that changes
+        size at restarts: the rows of its current bucket, of which the first lambda count), the
+        same on every rank.
         Then ``evaluate`` them (or compute their fitness any way that gives every rank the same
         values) and ``tell`` the fitness: ``ask``, ``evaluate``, ``tell`` is bitwise one
         ``advance(1)``. Collective only in what it checks (one small Allreduce)."""
