@@ -35,7 +35,7 @@ from ..errors import UsageError
 from ..parallel import agreed, collective_stage, user_code
 from . import arguments
 from .engine import DeviceEngine
-from .loop import Loop, chunks, user_errors
+from .loop import Loop, user_errors
 
 
 class Batch:
