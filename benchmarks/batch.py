@@ -117,12 +117,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="", help="algorithms, comma-separated")
     ap.add_argument("--out", default="")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                    help="where every side runs (gpu: the rank's GPU, evosax on JAX's default device)")
     args = ap.parse_args(argv)
 
     import hpcevo
     from hpcevo.parallel import bind, discover
 
-    ctx = bind(discover(), device="cpu", threads=1)
+    ctx = bind(discover(), device=args.device, threads=1)
     import jax
 
     rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",")]
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"runs": args.runs, "generations": args.generations, "repeats": args.repeats,
                                "cpu": platform.processor() or platform.machine(), "jax": jax.__version__,
-                               "hpcevo": hpcevo.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                               "hpcevo": hpcevo.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "device": str(jax.devices()[0]),
                                "samples": samples}, indent=1))
     print(f"\nwrote {out}")
     return 0
