@@ -83,7 +83,12 @@ def _jobs_parser(sub) -> None:
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=0, help="0 (default): CPU nodes")
     g.add_argument("--ranks-per-node", type=int, help="default: one per GPU, or 1 on CPU nodes")
-    g.add_argument("--cpus-per-rank", type=int, help="CPU cores per rank (its thread count)")
+    g.add_argument("--cpus-per-rank", type=int,
+                   help="CPU cores per rank (a CPU rank's thread count; a GPU rank's default: the node's cores "
+                        "shared by its ranks)")
+    g.add_argument("--cpus-per-node", type=int,
+                   help="the nodes' cores (default: asked of sinfo / pbsnodes; a CPU job fills them with ranks)")
+    g.add_argument("--mem", help="memory per node, e.g. 64G (default: 4G per CPU asked for, at most a node's)")
     g.add_argument("--ranks", type=int, help="total ranks, checked against nodes x ranks per node")
     g.add_argument("--time", required=True, help="time limit: [D-]HH:MM:SS, HH:MM, 90m, 2h")
     g.add_argument("--signal-margin", type=int, default=300, metavar="SECONDS",
@@ -94,7 +99,10 @@ def _jobs_parser(sub) -> None:
     g.add_argument("--queue", help="PBS")
     g = common.add_argument_group("job")
     g.add_argument("--launcher", help="slurm: srun (default) | mpiexec; pbs: mpiexec (default) | pals")
-    g.add_argument("--srun-mpi", default="pmi2", help="srun --mpi plugin: pmi2 (default) | pmix")
+    g.add_argument("--srun-mpi", help="srun --mpi plugin: pmi2 | pmix (default: from the MPI the job's "
+                                       "mpi4py runs: pmix for Open MPI, else pmi2)")
+    g.add_argument("--deadline", metavar="WHEN", help="a time the run must also stop before (2026-11-28T06:00, "
+                                                      "@EPOCH), e.g. a maintenance window")
     g.add_argument("--launcher-args", default="", help="extra launcher arguments, one string")
     g.add_argument("--seeds", help="job array for a seed sweep: FIRST-LAST[:STEP]; index = seed")
     g.add_argument("--study", action="store_true", help="CONFIG is a study file: the job runs the study")
@@ -104,6 +112,9 @@ def _jobs_parser(sub) -> None:
     g.add_argument("--python", help="interpreter in the job (default: this one)")
     g.add_argument("--workdir", help="directory the job runs in (default: where it is submitted)")
     g.add_argument("--max-requeues", type=int, default=10)
+    g.add_argument("--resubmit", default="self", choices=("self", "chain"),
+                   help="PBS: self (the job qsubs its successor) or chain (submit queues them all up front, "
+                        "for sites without qsub on compute nodes)")
     g.add_argument("--min-nodes", type=int, default=1,
                    help="Slurm: after losing nodes, go on with the rest if at least this many are left (default 1)")
     g.add_argument("--max-relaunches", type=int, default=3,

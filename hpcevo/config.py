@@ -465,8 +465,8 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def parse_deadline(value: str | int | float, now: float) -> float:
     """A deadline as an epoch time. Accepts seconds from now (``5400``), a duration (``90m``,
     ``1.5h``, ``01:30:00``, ``1-06:00:00`` as Slurm writes days), or an absolute local time in ISO
-    form (``2026-11-23T18:00``, with or without a UTC offset). Raises ValueError saying what is
-    allowed."""
+    form (``2026-11-23T18:00``, with or without a UTC offset), or an epoch time (``@1795000000``).
+    Raises ValueError saying what is allowed."""
     if isinstance(value, bool):
         raise ValueError(f"expected a duration or a time, got {value!r}")
     if isinstance(value, (int, float)):
@@ -474,6 +474,8 @@ def parse_deadline(value: str | int | float, now: float) -> float:
             raise ValueError(f"must be positive, got {value}")
         return now + float(value)
     text = str(value).strip()
+    if re.fullmatch(r"@\d+(?:\.\d+)?", text):  # an epoch time, as `date -d @N` reads it (job scripts)
+        return float(text[1:])
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", text)
     if m:
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
@@ -490,5 +492,5 @@ def parse_deadline(value: str | int | float, now: float) -> float:
     except ValueError:
         raise ValueError(
             f"cannot read {text!r}; allowed: seconds (5400), a duration (90m, 1.5h, "
-            "01:30:00, 1-06:00:00) or a local time (2026-11-23T18:00)") from None
+            "01:30:00, 1-06:00:00), a local time (2026-11-23T18:00) or an epoch time (@1795000000)") from None
     return t.timestamp()

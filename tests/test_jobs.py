@@ -25,13 +25,24 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "cso.toml")
 
 
+@pytest.fixture(autouse=True)
+def no_scheduler_here(tmp_path_factory, monkeypatch):
+    """sinfo and pbsnodes that answer nothing, as on a machine without a scheduler: what a GPU
+    job's CPUs default to must not depend on this machine (a test puts its own on PATH)."""
+    fakebin = tmp_path_factory.mktemp("no-scheduler")
+    for name in ("sinfo", "pbsnodes"):
+        (fakebin / name).write_text("#!/bin/sh\necho 'no scheduler here' >&2\nexit 1\n")
+        (fakebin / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+
+
 def req(scheduler="slurm", **kw) -> JobRequest:
     kw.setdefault("time", "01:00:00")
     return JobRequest(scheduler=scheduler, config=kw.pop("config", EXAMPLE), **kw)
 
 
 # -- linting: directives parsed as the scheduler parses them -----------------------------------
-SBATCH_KEYS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "gpus-per-node", "time", "signal", "no-kill",
+SBATCH_KEYS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "mem", "gpus-per-node", "time", "signal", "no-kill",
                "requeue", "open-mode", "output", "account", "partition", "qos", "array"}
 PBS_OPTIONS = {"-N", "-l", "-r", "-j", "-o", "-q", "-A", "-J"}
 
@@ -81,7 +92,7 @@ def pbs_chunk(select: str) -> dict[str, int]:
     chunk = {"nodes": int(n)}
     for p in parts:
         k, v = p.split("=")
-        chunk[k] = int(v)
+        chunk[k] = v if k == "mem" else int(v)
     return chunk
 
 
@@ -149,21 +160,26 @@ def test_pbs_directives(nodes, gpus, rpn, cpus):
     chunk = pbs_chunk(d["select"])
     per_node = rpn or gpus
     assert chunk["nodes"] == nodes and chunk["mpiprocs"] == per_node
-    assert chunk["ncpus"] == per_node * chunk["ompthreads"] == per_node * (cpus or 1)
+    # a GPU rank's CPUs, the nodes' cores unknown here: 8 (a CPU rank's: its threads)
+    assert chunk["ncpus"] == per_node * chunk["ompthreads"] == per_node * (cpus or (8 if gpus else 1))
+    assert chunk["mem"] == f"{4 * chunk['ncpus']}gb"  # 4 GiB per CPU asked for
     assert chunk.get("ngpus", 0) == gpus
     assert d["walltime"] == "30:00:00" and d["place"] == "scatter"
     assert (d["-N"], d["-q"], d["-A"], d["-J"], d["-r"]) == ("cso-ackley", "workq", "p42", "1-8", "y")
     assert f"NRANKS={nodes * per_node}\n" in text
     assert 'LAUNCH=(mpiexec -n "$NRANKS" --machinefile "$PBS_NODEFILE")' in text
     assert 'cd "${PBS_O_WORKDIR:-.}"' in text
-    # a resubmitted job continues; PBS warns of nothing, so the run stops itself before walltime
-    assert run_args(text)[-3:] == ["--resume", "--deadline", str(30 * 3600 - 300)]
+    # a resubmitted job continues; PBS warns of nothing, so the run stops itself before walltime,
+    # counted from the job's start (this script's first line), not from hpcevo's
+    assert run_args(text)[-1] == "--resume"
+    assert f"JOB_END=$((JOB_START + {30 * 3600}))\nDEADLINE=$((JOB_END - 300))\n" in text
+    assert text.index("JOB_START=$(date +%s)") < text.index('cd "${PBS_O_WORKDIR:-.}"')
 
 
 @pytest.mark.single_process
 def test_pbs_pals_launcher():
     text = render(req("pbs", nodes=2, gpus_per_node=4, launcher="pals"))
-    assert 'LAUNCH=(mpiexec -n "$NRANKS" --ppn 4 --depth 1 --cpu-bind depth)' in text
+    assert 'LAUNCH=(mpiexec -n "$NRANKS" --ppn 4 --depth 8 --cpu-bind depth)' in text
 
 
 @pytest.mark.single_process
@@ -212,6 +228,159 @@ def test_inconsistent_pbs_requests_are_refused(kw, message):
         render(req("pbs", **kw))
     assert message in str(e.value)
 
+
+# -- what an admin checks: CPUs, memory, the MPI plugin, the deadline, the comments ---------------
+def _stand_in(directory: Path, name: str, body: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text("#!/bin/sh\n" + body)
+    (directory / name).chmod(0o755)
+
+
+PBSNODES = """cat <<'EOT'
+gpu01
+     resources_available.ncpus = 72
+     resources_available.mem = 515000mb
+     resources_available.ngpus = 4
+
+cpu01
+     resources_available.ncpus = 8
+     resources_available.mem = 64gb
+EOT
+"""
+
+
+@pytest.mark.single_process
+def test_gpu_ranks_get_the_nodes_cores_and_memory_in_proportion(tmp_path, monkeypatch):
+    # given: 4 x 4 GPUs on nodes of 64 cores, 16 CPUs per GPU rank; memory 4 GiB per CPU
+    d = sbatch_directives(render(req(nodes=4, gpus_per_node=4, cpus_per_node=64, time="12:00:00")))
+    assert (d["ntasks-per-node"], d["cpus-per-task"], d["mem"]) == ("4", "16", "256G")
+    # asked of the scheduler on the login node: Slurm's sinfo (GPU nodes only), PBS's pbsnodes
+    _stand_in(tmp_path / "bin", "sinfo", 'echo "48 190000 gpu:4"; echo "128 500000 (null)"; echo "96+ 380000 gpu:a100:4"\n')
+    _stand_in(tmp_path / "bin", "pbsnodes", PBSNODES)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    text = render(req(nodes=4, gpus_per_node=4, time="12:00:00"))
+    d = sbatch_directives(text)
+    assert (d["cpus-per-task"], d["mem"]) == ("12", "190000M")  # the smallest GPU node's 48 cores; capped at its memory
+    assert "# 12 CPU(s) per rank: a node's 48 cores (sinfo -h -o %c %m %G) shared by its 4 ranks" in text
+    assert "# 190000M of memory per node: a whole node's (--mem overrides)" in text
+    assert "--cpus-per-task=12 --cpu-bind=cores" in text  # srun is told again
+    chunk = pbs_chunk(pbs_directives(render(req("pbs", nodes=4, gpus_per_node=4)))["select"])
+    assert (chunk["ncpus"], chunk["ompthreads"], chunk["mem"]) == (72, 18, "288gb")
+    # overridden: --cpus-per-rank and --mem
+    d = sbatch_directives(render(req(nodes=4, gpus_per_node=4, cpus_per_rank=6, mem="100G")))
+    assert (d["cpus-per-task"], d["mem"]) == ("6", "100G")
+    chunk = pbs_chunk(pbs_directives(render(req("pbs", gpus_per_node=2, mem="1536M")))["select"])
+    assert chunk["mem"] == "1536mb" and chunk["ncpus"] == 72
+
+
+@pytest.mark.single_process
+def test_cpu_nodes_given_their_cores_are_filled_with_ranks():
+    d = sbatch_directives(render(req(nodes=2, cpus_per_node=128, cpus_per_rank=4,
+                                     overrides=("parallel.threads_per_rank=4",))))
+    assert (d["ntasks-per-node"], d["cpus-per-task"], d["mem"]) == ("32", "4", "512G")
+    with pytest.raises(UsageError, match="more than the 16 cores of --cpus-per-node"):
+        render(req(cpus_per_node=16, ranks_per_node=32))
+    for bad in ("0", "lots", "-5G"):
+        with pytest.raises(UsageError, match="--mem"):
+            render(req(mem=bad))
+
+
+@pytest.mark.single_process
+def test_srun_mpi_plugin_follows_the_mpi_that_mpi4py_runs(tmp_path):
+    probe = ("import mpi4py; mpi4py.rc.initialize = False\n"
+             "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])")
+    ours = " ".join(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                   check=True).stdout.split())
+    text = render(req(nodes=2, gpus_per_node=4))  # the job's python: this interpreter
+    want = "pmix" if "open mpi" in ours.lower() else "pmi2"
+    assert f"srun --mpi={want} " in text and f"# srun --mpi={want}: mpi4py runs {ours} (--srun-mpi overrides)" in text
+    # an interpreter whose mpi4py runs Open MPI: pmix, said in a comment
+    openmpi = tmp_path / "python-openmpi"
+    openmpi.write_text('#!/bin/sh\necho "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6"\n')
+    openmpi.chmod(0o755)
+    text = render(req(nodes=2, gpus_per_node=4, python=str(openmpi)))
+    assert "srun --mpi=pmix " in text and "mpi4py runs Open MPI v4.1.6, package: Debian OpenMPI" in text
+    # one that cannot say: pmi2, and the script says why; --srun-mpi wins over both
+    broken = tmp_path / "python-broken"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    text = render(req(python=str(broken)))
+    assert "could not ask" in text and "srun --mpi=pmi2 " in text
+    assert "srun --mpi=pmi2 " in render(req(python=str(openmpi), srun_mpi="pmi2"))
+    # mpiexec needs no plugin, and PBS has no srun: no such line
+    assert "srun --mpi" not in render(req(launcher="mpiexec")) + render(req("pbs"))
+
+
+@pytest.mark.single_process
+def test_scripts_speak_of_their_own_scheduler_and_of_arrays_only_when_asked():
+    slurm, pbs = render(req(time="2h")), render(req("pbs", time="2h"))
+    for text in (slurm, pbs):
+        assert "array" not in text.lower() and "PBS_ARRAY_INDEX" not in text
+    for word in ("Slurm", "sbatch", "srun", "scancel", "USR1@", "SLURM_"):
+        assert word not in pbs, word
+    for word in ("PBS", "qsub", "qdel"):
+        assert word not in slurm, word
+    assert "qdel" in pbs and "--signal=B:USR1@N" in slurm
+    seeds = render(req("pbs", seeds="0-3"))
+    assert "An array job, a seed sweep: subjob i runs seed i" in seeds and "PBS_ARRAY_INDEX" in seeds
+
+
+def _deadline_of(text: str, env: dict[str, str], job_start: int) -> str:
+    """The --deadline the script gives the run, its deadline block run by bash."""
+    block = text[text.index("# -- the run's deadline"):text.index('RUN_ARGS+=(--deadline "@$DEADLINE")')]
+    out = subprocess.run(["bash", "-c", f"set -u\nJOB_START={job_start}\n{block}\necho $DEADLINE"],
+                         env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+@pytest.mark.single_process
+def test_the_deadline_is_the_jobs_end_less_the_margin_and_never_after_render_deadline():
+    slurm = render(req(time="02:00:00", signal_margin=300))
+    # Slurm says when the job ends: that, less the margin
+    assert _deadline_of(slurm, {"SLURM_JOB_END_TIME": "1800007200"}, 1800000100) == str(1800007200 - 300)
+    # an older Slurm that does not: the job's start (the script's first line) + the limit
+    assert _deadline_of(slurm, {}, 1800000000) == str(1800000000 + 7200 - 300)
+    pbs = render(req("pbs", time="02:00:00", signal_margin=300))
+    assert _deadline_of(pbs, {}, 1800000000) == str(1800000000 + 7200 - 300)
+    # --deadline: a maintenance window at 2030-01-01 00:00 UTC (1893456000) ends the run before
+    for text in (render(req(time="02:00:00", deadline="@1893456000")),
+                 render(req("pbs", time="02:00:00", deadline="2030-01-01T00:00:00+00:00"))):
+        assert _deadline_of(text, {}, 1893456000 - 3600) == "1893456000"  # the window comes first
+        assert _deadline_of(text, {}, 1893456000 - 86400) == str(1893456000 - 86400 + 7200 - 300)
+    for bad, message in (("90m", "give a time"), ("@1000", "has passed"), ("2030-13-01T00:00", "cannot read")):
+        with pytest.raises(UsageError, match=message):
+            render(req(deadline=bad))
+
+
+@pytest.mark.single_process
+def test_hpcevo_reads_an_epoch_deadline():
+    from hpcevo.config import parse_deadline
+
+    assert parse_deadline("@1893456000", now=5.0) == 1893456000.0
+    assert parse_deadline("@1893456000.5", now=5.0) == 1893456000.5
+
+
+@pytest.mark.launcher
+def test_a_pbs_job_whose_set_up_is_slow_gives_the_run_the_jobs_deadline_not_one_from_its_own_start(tmp_path):
+    """The prologue (module loads, here 3 s) runs before hpcevo starts; the deadline the ranks get
+    is still the job's start + walltime - margin: hpcevo's own start would put it 3 s later."""
+    import time as _time
+
+    fake = fake_python(tmp_path)
+    script = tmp_path / "job.pbs"
+    script.write_text(render(req("pbs", ranks_per_node=2, python=str(fake), time="00:20:00", signal_margin=120,
+                                 prologue=("sleep 3",), script_path=str(script))))
+    env = pbs_env(tmp_path, 2, LOG_DIR=str(tmp_path), HPCEVO_RESUBMISSIONS="1")  # the fake exits 0 at once
+    before = int(_time.time())
+    done = subprocess.run(["bash", str(script)], env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "ranks.log").read_text().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        args = line.split()
+        deadline = int(args[args.index("--deadline") + 1].lstrip("@"))
+        # the job started at `before` (or the second after); the ranks started 3 s later
+        assert before + 1200 - 120 <= deadline <= before + 1 + 1200 - 120, (before, deadline)
 
 @pytest.mark.single_process
 def test_time_formats():
@@ -346,6 +515,40 @@ def test_pbs_script_forwards_the_signal_and_resubmits_itself(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "run.seed=2" in (tmp_path / "ranks.log").read_text().splitlines()[-1]
     assert not (tmp_path / "qsub.args").exists()
+
+
+@pytest.mark.launcher
+def test_a_pbs_chain_job_stopped_early_leaves_the_resume_to_the_next_job_and_runs_no_qsub(tmp_path):
+    """Sites that forbid qsub on compute nodes: with HPCEVO_CHAIN set (`--resubmit chain`), a job
+    stopped early exits 75 (so that the next job, waiting afternotok, starts) and submits nothing."""
+    fake = fake_python(tmp_path)
+    script = tmp_path / "job.pbs"
+    script.write_text(render(req("pbs", ranks_per_node=2, python=str(fake), script_path=str(script))))
+    returncode, err = _stop_with_usr1(script, pbs_env(tmp_path, 2, LOG_DIR=str(tmp_path), HPCEVO_CHAIN="1"), tmp_path)
+    assert returncode == 75, err
+    assert "the next job of the chain resumes from the checkpoint" in err
+    assert not (tmp_path / "qsub.args").exists()
+
+
+@pytest.mark.single_process
+def test_submit_queues_a_pbs_chain_up_front(tmp_path, monkeypatch):
+    from hpcevo.jobs import submit
+
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "qsub", f'n=$(cat "{tmp_path}/n" 2>/dev/null || echo 0); echo $((n + 1)) > "{tmp_path}/n"\n'
+                               f'echo "$*" >> "{tmp_path}/qsub.calls"; echo "$((n + 100)).pbs01"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    script = tmp_path / "job.pbs"
+    out = submit(req("pbs", resubmit="chain", max_requeues=3), script)
+    assert out == "100.pbs01 (and 3 chained after it, the last 103.pbs01)"
+    calls = (tmp_path / "qsub.calls").read_text().splitlines()
+    var = f"HPCEVO_JOB_SCRIPT={script}"
+    assert calls == [f"-v {var},HPCEVO_CHAIN=1 {script}",
+                     *(f"-W depend=afternotok:{99 + i}.pbs01 -v {var},HPCEVO_CHAIN=1,HPCEVO_RESUBMISSIONS={i} {script}"
+                       for i in (1, 2, 3))]
+    for bad in (req(resubmit="chain"), req("pbs", resubmit="chain", seeds="0-3"), req("pbs", resubmit="later")):
+        with pytest.raises(UsageError, match="--resubmit"):
+            render(bad)
 
 
 def _stop_with_usr1(script: Path, env: dict[str, str], tmp_path: Path) -> tuple[int, str]:

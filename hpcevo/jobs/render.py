@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -24,6 +26,10 @@ from ..errors import UsageError
 SCHEDULERS = ("slurm", "pbs")
 LAUNCHERS = {"slurm": ("srun", "mpiexec"), "pbs": ("mpiexec", "pals")}
 SRUN_MPI = ("pmi2", "pmix")
+# A GPU rank's CPUs when the node's cores are not known: XLA compiles and the host side of a run
+# (checkpoints, logs, the evaluation of host problems) use them; one was far too few.
+GPU_RANK_CPUS = 8
+MEM_PER_CPU_MIB = 4096  # the default memory request: 4 GiB for each CPU the job asks for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +42,16 @@ class JobRequest:
     gpus_per_node: int = 0  # 0: CPU nodes
     cpus_per_rank: int | None = None  # default: the config's threads_per_rank (or 1)
     ranks: int | None = None  # total; checked against nodes x ranks_per_node
+    cpus_per_node: int | None = None  # the node's cores (default: asked of sinfo / pbsnodes)
+    mem: str | None = None  # memory per node, e.g. 64G (default: MEM_PER_CPU_MIB per CPU asked for)
     signal_margin: int = 300  # seconds before the limit: Slurm's warning signal / PBS deadline
     account: str | None = None
     partition: str | None = None  # Slurm
     qos: str | None = None  # Slurm
     queue: str | None = None  # PBS
     launcher: str | None = None  # slurm: srun | mpiexec; pbs: mpiexec | pals
-    srun_mpi: str = "pmi2"
+    srun_mpi: str | None = None  # default: from the MPI that the job's mpi4py runs
+    deadline: str | None = None  # an absolute time the run must stop before (besides the time limit)
     launcher_args: str = ""
     seeds: str | None = None  # array spec: 0-9, 0-9:2 (Slurm also 1,5,7)
     study: bool = False  # config is a study file: the job runs `hpcevo study run` on it
@@ -52,6 +61,9 @@ class JobRequest:
     python: str = sys.executable
     overrides: tuple[str, ...] = ()
     max_requeues: int = 10
+    # PBS: "self" (the job qsubs its successor at exit 75) or "chain" (submit queues the successors
+    # up front, each waiting on the one before failing: for sites without qsub on compute nodes)
+    resubmit: str = "self"
     min_nodes: int = 1  # Slurm: a node lost, the run goes on with the rest if at least this many
     max_relaunches: int = 3  # Slurm: relaunches on the nodes left in one allocation (0: requeue)
     workdir: str | None = None
@@ -116,6 +128,10 @@ class Plan:
     launcher: str
     seeds: list[int] | None
     array: str | None = None  # the scheduler's array range (a seed sweep's, or a study's slices)
+    mem_mib: int = 0  # memory per node
+    srun_mpi: str = "pmi2"
+    deadline_at: int | None = None  # --deadline as an epoch time
+    notes: tuple[str, ...] = ()  # where the resources came from, for the script's header
 
     @property
     def nranks(self) -> int:
@@ -130,26 +146,19 @@ def plan(req: JobRequest) -> Plan:
         raise UsageError(f"scheduler {req.scheduler!r}: allowed: {', '.join(SCHEDULERS)}")
     study = _study_of(req)
     cfg = study.runs[0].config() if study else load_config(req.config, req.overrides)  # ConfigError names the key
-    for value, option in ((req.nodes, "--nodes"), (req.signal_margin, "--signal-margin")):
-        if value < 1:
-            raise UsageError(f"{option} {value}: must be at least 1")
-    if req.max_requeues < 0:
-        raise UsageError(f"--max-requeues {req.max_requeues}: must be 0 (never requeue) or more")
-    if req.max_relaunches < 0:
-        raise UsageError(f"--max-relaunches {req.max_relaunches}: must be 0 (requeue when a node is lost) or more")
-    if not 1 <= req.min_nodes <= req.nodes:
-        raise UsageError(f"--min-nodes {req.min_nodes}: must be between 1 and --nodes ({req.nodes}): the fewest "
-                         "nodes a run goes on with after losing some")
-    if req.gpus_per_node < 0:
-        raise UsageError(f"--gpus-per-node {req.gpus_per_node}: must be 0 (CPU nodes) or more")
+    _check_counts(req)
     gpus = req.gpus_per_node
     if gpus and cfg.parallel.device == "cpu":
         raise UsageError(f"--gpus-per-node {gpus}, but {req.config} sets parallel.device = 'cpu'")
-    for value, option in ((req.ranks_per_node, "--ranks-per-node"), (req.cpus_per_rank, "--cpus-per-rank"),
-                          (req.ranks, "--ranks")):
-        if value is not None and value < 1:  # (0 must not fall back to a default: say so)
-            raise UsageError(f"{option} {value}: must be at least 1")
-    rpn = req.ranks_per_node if req.ranks_per_node is not None else gpus or 1
+    threads = cfg.parallel.threads_per_rank
+    # A CPU rank's CPUs are its threads; a CPU node given its cores is filled with such ranks.
+    cpu_rank = req.cpus_per_rank if req.cpus_per_rank is not None else (threads if isinstance(threads, int) else 1)
+    if req.ranks_per_node is not None:
+        rpn = req.ranks_per_node
+    elif gpus:
+        rpn = gpus
+    else:
+        rpn = max(1, req.cpus_per_node // cpu_rank) if req.cpus_per_node else 1
     if gpus and rpn != gpus and not (rpn > gpus and cfg.parallel.share_gpus):
         raise UsageError(
             f"--ranks-per-node {rpn} with --gpus-per-node {gpus}: hpcevo runs one rank per GPU, so "
@@ -162,8 +171,11 @@ def plan(req: JobRequest) -> Plan:
             f"--ranks {req.ranks} does not match --nodes {req.nodes} x {per} per node = "
             f"{req.nodes * rpn}; change --nodes, --ranks-per-node or --gpus-per-node"
         )
-    threads = cfg.parallel.threads_per_rank
-    cpus = req.cpus_per_rank if req.cpus_per_rank is not None else (threads if isinstance(threads, int) else 1)
+    notes: list[str] = []
+    cpus, node_mib = _cpus_per_rank(req, rpn, cpu_rank, notes)
+    if req.cpus_per_node and rpn * cpus > req.cpus_per_node:
+        raise UsageError(f"{rpn} ranks per node x {cpus} CPUs per rank = {rpn * cpus}: more than the "
+                         f"{req.cpus_per_node} cores of --cpus-per-node; lower --ranks-per-node or --cpus-per-rank")
     if not gpus and isinstance(threads, int) and cpus != threads:
         raise UsageError(
             f"--cpus-per-rank {cpus} but {req.config} caps each rank at parallel.threads_per_rank = "
@@ -181,8 +193,9 @@ def plan(req: JobRequest) -> Plan:
         raise UsageError(
             f"--launcher {launcher!r} for {req.scheduler}: allowed: {', '.join(LAUNCHERS[req.scheduler])}"
         )
-    if req.srun_mpi not in SRUN_MPI:
-        raise UsageError(f"--srun-mpi {req.srun_mpi!r}: allowed: {', '.join(SRUN_MPI)}")
+    srun_mpi = _srun_mpi(req, launcher, notes)
+    mem_mib = _memory(req, rpn * cpus, node_mib, notes)
+    deadline_at = _deadline(req)
     for value, option in ((req.account, "--account"), (req.partition, "--partition"), (req.qos, "--qos"),
                           (req.queue, "--queue"), (req.job_name, "--job-name")):
         _check_token(value, option)
@@ -198,8 +211,193 @@ def plan(req: JobRequest) -> Plan:
     if study is not None:
         _check_study(req, study, req.nodes * rpn)
         array = f"0-{req.array - 1}" if req.array else None
-        return Plan(req, study.name, str(study.out), rpn, cpus, seconds, launcher, None, array)
-    return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds, req.seeds)
+        return Plan(req, study.name, str(study.out), rpn, cpus, seconds, launcher, None, array, mem_mib, srun_mpi,
+                    deadline_at, tuple(notes))
+    return Plan(req, cfg.run.name, cfg.run.out, rpn, cpus, seconds, launcher, seeds, req.seeds, mem_mib, srun_mpi,
+                deadline_at, tuple(notes))
+
+
+def _check_counts(req: JobRequest) -> None:
+    if req.resubmit not in ("self", "chain"):
+        raise UsageError(f"--resubmit {req.resubmit!r}: allowed: self, chain")
+    if req.resubmit == "chain" and (req.scheduler != "pbs" or req.seeds or req.array):
+        raise UsageError("--resubmit chain is for a PBS job that is not an array (Slurm requeues a job itself; "
+                         "an array's subjobs resubmit themselves)")
+    for value, option in ((req.nodes, "--nodes"), (req.signal_margin, "--signal-margin")):
+        if value < 1:
+            raise UsageError(f"{option} {value}: must be at least 1")
+    if req.max_requeues < 0:
+        raise UsageError(f"--max-requeues {req.max_requeues}: must be 0 (never requeue) or more")
+    if req.max_relaunches < 0:
+        raise UsageError(f"--max-relaunches {req.max_relaunches}: must be 0 (requeue when a node is lost) or more")
+    if not 1 <= req.min_nodes <= req.nodes:
+        raise UsageError(f"--min-nodes {req.min_nodes}: must be between 1 and --nodes ({req.nodes}): the fewest "
+                         "nodes a run goes on with after losing some")
+    if req.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node {req.gpus_per_node}: must be 0 (CPU nodes) or more")
+    for value, option in ((req.ranks_per_node, "--ranks-per-node"), (req.cpus_per_rank, "--cpus-per-rank"),
+                          (req.ranks, "--ranks"), (req.cpus_per_node, "--cpus-per-node")):
+        if value is not None and value < 1:  # (0 must not fall back to a default: say so)
+            raise UsageError(f"{option} {value}: must be at least 1")
+
+
+# -- what the request leaves out, found or defaulted ----------------------------------------------
+def _cpus_per_rank(req: JobRequest, rpn: int, cpu_rank: int, notes: list[str]) -> tuple[int, int | None]:
+    """A rank's CPUs, and a node's memory (MiB) where the scheduler said it. The scheduler is
+    asked about its nodes when a default needs them: a GPU rank's CPUs (a node's cores shared by
+    its ranks) and the memory request (never more than a node has)."""
+    gpus = req.gpus_per_node
+    gpu_cpus_unknown = gpus and req.cpus_per_rank is None and req.cpus_per_node is None
+    probed, node_mib, why = node_resources(req) if gpu_cpus_unknown or req.mem is None else (None, None, "")
+    node_cores = probed if gpu_cpus_unknown else req.cpus_per_node
+    if req.cpus_per_node is not None:
+        why = "--cpus-per-node"
+    if not gpus or req.cpus_per_rank is not None:
+        return cpu_rank, node_mib
+    if node_cores:
+        cpus = max(1, node_cores // rpn)
+        notes.append(f"{cpus} CPU(s) per rank: a node's {node_cores} cores ({why}) shared by its {rpn} ranks")
+        return cpus, node_mib
+    notes.append(f"{GPU_RANK_CPUS} CPUs per GPU rank: the nodes' cores are unknown ({why}); "
+                 "--cpus-per-node or --cpus-per-rank sets them")
+    return GPU_RANK_CPUS, node_mib
+
+
+def _srun_mpi(req: JobRequest, launcher: str, notes: list[str]) -> str:
+    if req.srun_mpi is not None and req.srun_mpi not in SRUN_MPI:
+        raise UsageError(f"--srun-mpi {req.srun_mpi!r}: allowed: {', '.join(SRUN_MPI)}")
+    if req.scheduler != "slurm" or launcher != "srun":
+        return req.srun_mpi or "pmi2"
+    if req.srun_mpi:
+        notes.append(f"srun --mpi={req.srun_mpi}: as --srun-mpi asks")
+        return req.srun_mpi
+    plugin, said = srun_plugin(req.python)
+    notes.append(f"srun --mpi={plugin}: {said} (--srun-mpi overrides)")
+    return plugin
+
+
+def node_resources(req: JobRequest) -> tuple[int | None, int | None, str]:
+    """(cores, memory in MiB) of the smallest node the job may get, as the scheduler's own
+    command on this (login) node reports them, and where that came from; (None, None, why)
+    when it cannot say (no such command, no answer within seconds)."""
+    if req.scheduler == "slurm":
+        cmd = ["sinfo", "-h", "-o", "%c %m %G"] + (["-p", req.partition] if req.partition else [])
+    else:
+        cmd = ["pbsnodes", "-av"]
+    if shutil.which(cmd[0]) is None:
+        return None, None, f"no {cmd[0]} here"
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None, None, f"{cmd[0]} did not answer"
+    if done.returncode != 0:
+        return None, None, f"{cmd[0]} failed"
+    nodes: list[tuple[int, int | None]] = []
+    if req.scheduler == "slurm":
+        for line in done.stdout.splitlines():
+            parts = line.split()
+            if len(parts) < 2 or (req.gpus_per_node and "gpu" not in " ".join(parts[2:])):
+                continue
+            cores, mem = (re.match(r"\d+", x) for x in parts[:2])  # "64+": at least 64
+            if cores:
+                nodes.append((int(cores[0]), int(mem[0]) if mem else None))
+    else:
+        for block in re.split(r"\n(?=\S)", done.stdout):
+            got = dict(re.findall(r"resources_available\.(ncpus|mem|ngpus) = (\S+)", block))
+            if "ncpus" not in got or int(got.get("ngpus", "0") or 0) < req.gpus_per_node:
+                continue
+            nodes.append((int(got["ncpus"]), _pbs_mib(got.get("mem", ""))))
+    if not nodes:
+        return None, None, f"{' '.join(cmd)} listed no {'GPU ' if req.gpus_per_node else ''}nodes"
+    cores = min(c for c, _ in nodes)
+    mems = [m for _, m in nodes if m]
+    return cores, (min(mems) if mems else None), " ".join(cmd)
+
+
+def _pbs_mib(text: str) -> int | None:
+    m = re.fullmatch(r"(\d+)(b|kb|mb|gb|tb)?", text.strip().lower())
+    if not m:
+        return None
+    scale = {"b": 1 / 2**20, "kb": 1 / 1024, "mb": 1, "gb": 1024, "tb": 2**20}[m[2] or "b"]
+    return int(int(m[1]) * scale)
+
+
+def parse_memory(text: str) -> int:
+    """MiB in a memory amount as Slurm writes it: 500M, 64G, 1T (a bare number: MiB)."""
+    m = re.fullmatch(r"(\d+)\s*([KMGT]?)(?:i?B)?", text.strip(), re.I)
+    if not m or int(m[1]) == 0:
+        raise UsageError(f"--mem {text!r}: memory per node as 500M, 64G or 1T (more than 0)")
+    mib = int(m[1]) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 2**20}[m[2].upper()]
+    if mib < 1:
+        raise UsageError(f"--mem {text!r}: less than 1 MiB")
+    return int(mib)
+
+
+def _memory(req: JobRequest, cpus: int, node_mib: int | None, notes: list[str]) -> int:
+    """The memory per node: --mem, else MEM_PER_CPU_MIB per CPU asked for (at most a node's)."""
+    if req.mem is not None:
+        mib = parse_memory(req.mem)
+        notes.append(f"{_mem_text(mib, req.scheduler)} of memory per node: as --mem asks")
+        return mib
+    mib = cpus * MEM_PER_CPU_MIB
+    capped = node_mib is not None and mib > node_mib
+    if capped:
+        mib = node_mib  # type: ignore[assignment]
+    notes.append(f"{_mem_text(mib, req.scheduler)} of memory per node: "
+                 + ("a whole node's" if capped else f"{MEM_PER_CPU_MIB // 1024} GiB for each of its {cpus} CPUs")
+                 + " (--mem overrides)")
+    return mib
+
+
+def _mem_text(mib: int, scheduler: str = "slurm") -> str:
+    """As the scheduler writes it: 64G / 500M (Slurm), 64gb / 500mb (PBS)."""
+    g, m = ("G", "M") if scheduler == "slurm" else ("gb", "mb")
+    return f"{mib // 1024}{g}" if mib % 1024 == 0 else f"{mib}{m}"
+
+
+_PROBE = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False\n"
+          "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())")
+_PLUGINS: dict[str, tuple[str, str]] = {}
+
+
+def srun_plugin(python: str) -> tuple[str, str]:
+    """srun's --mpi plugin for the MPI that ``python``'s mpi4py runs (asked of it without
+    initialising MPI: this runs on login nodes), and a line saying why. Open MPI talks PMIx
+    (Open MPI 5 only that); MPICH, Intel MPI and MVAPICH take pmi2."""
+    if python not in _PLUGINS:
+        try:
+            done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+            library = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else ""
+            library = " ".join(library.split())  # (MPICH's has a tab)
+        except (OSError, subprocess.SubprocessError):
+            library = ""
+        if not library:
+            _PLUGINS[python] = ("pmi2", f"could not ask {python} which MPI its mpi4py runs; pmi2, MPICH's")
+        elif "open mpi" in library.lower():
+            _PLUGINS[python] = ("pmix", f"mpi4py runs {library}, which talks PMIx")
+        else:
+            _PLUGINS[python] = ("pmi2", f"mpi4py runs {library}")
+    return _PLUGINS[python]
+
+
+def _deadline(req: JobRequest) -> int | None:
+    """--deadline as an epoch time: an absolute time only (the job may wait in the queue)."""
+    if req.deadline is None:
+        return None
+    from ..config import parse_deadline
+
+    text = req.deadline.strip()
+    absolute = text.startswith("@") or re.search(r"\d{4}-\d{2}-\d{2}", text)
+    if not absolute:
+        raise UsageError(f"--deadline {req.deadline!r}: give a time (2026-11-28T06:00, or @EPOCH): the job may "
+                         "wait in the queue, and --time already bounds it from its start")
+    try:
+        at = parse_deadline(text, time.time())
+    except ValueError as e:
+        raise UsageError(f"--deadline: {e}") from None
+    if at <= time.time():
+        raise UsageError(f"--deadline {req.deadline!r} has passed")
+    return int(at)
 
 
 def _study_of(req: JobRequest):
@@ -260,6 +458,7 @@ def _directives(p: Plan) -> list[str]:
             f"--nodes={r.nodes}",
             f"--ntasks-per-node={p.ranks_per_node}",
             f"--cpus-per-task={p.cpus_per_rank}",
+            f"--mem={_mem_text(p.mem_mib)}",
         ]
         if r.gpus_per_node:
             lines.append(f"--gpus-per-node={r.gpus_per_node}")
@@ -278,7 +477,7 @@ def _directives(p: Plan) -> list[str]:
             lines.append(f"--array={p.array}")
         return [f"#SBATCH {x}" for x in lines]
     chunk = f"select={r.nodes}:ncpus={p.ranks_per_node * p.cpus_per_rank}:mpiprocs={p.ranks_per_node}"
-    chunk += f":ompthreads={p.cpus_per_rank}"
+    chunk += f":ompthreads={p.cpus_per_rank}:mem={_mem_text(p.mem_mib, 'pbs')}"
     if r.gpus_per_node:
         chunk += f":ngpus={r.gpus_per_node}"
     lines = [f"-N {name}", f"-l {chunk}", "-l place=scatter", f"-l walltime={hms(p.seconds)}", "-r y", "-j oe"]
@@ -326,7 +525,7 @@ def _launch(p: Plan) -> list[str]:
     r = p.req
     extra = shlex.split(r.launcher_args)
     if p.launcher == "srun":
-        base = [f"--mpi={r.srun_mpi}", '--nodes="$NNODES"', '--ntasks="$NRANKS"',
+        base = [f"--mpi={p.srun_mpi}", '--nodes="$NNODES"', '--ntasks="$NRANKS"',
                 f"--ntasks-per-node={p.ranks_per_node}", f"--cpus-per-task={p.cpus_per_rank}", "--cpu-bind=cores",
                 "--kill-on-bad-exit=1", '${STEP[@]+"${STEP[@]}"}']
         return ["srun", *base, *map(quote, extra)]
@@ -354,12 +553,69 @@ def _what(p: Plan) -> str:
 
 
 def _array_note(p: Plan) -> str:
-    """The header's line on what an array job does (none for a study run whole)."""
+    """The header's line on what the array job does (none without an array)."""
     task = "task" if p.req.scheduler == "slurm" else "subjob"
+    if p.array is None:
+        return ""
     if p.req.study:
-        return (f"# An array job splits the study: {task} i runs slice i of {p.req.array} (the runs whose index\n"
-                "# is i modulo that); `hpcevo study report` reads them all." if p.req.array else "")
-    return f"# An array job is a seed sweep: {task} i runs seed i as run \"{p.name}-seed<i>\"."
+        return (f"# An array job: it splits the study, {task} i runs slice i of {p.req.array} (the runs whose\n"
+                "# index is i modulo that); `hpcevo study report` reads them all.")
+    return f"# An array job, a seed sweep: {task} i runs seed i as run \"{p.name}-seed<i>\"."
+
+
+def _array_block(p: Plan) -> str:
+    """The lines that give an array task its share (none without an array)."""
+    if p.array is None:
+        return ""
+    if p.req.scheduler == "slurm":
+        return ("# -- array job: the task's index picks its share --------------------------------------------\n"
+                'if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then\n'
+                f"  RUN_ARGS+=({' '.join(_array_args(p))})\nfi\n")
+    return ("# -- array job: the subjob's index picks its share ------------------------------------------\n"
+            'INDEX=${PBS_ARRAY_INDEX:-${HPCEVO_ARRAY_INDEX:-}}\n'
+            'if [ -n "$INDEX" ]; then\n'
+            f"  RUN_ARGS+=({' '.join(_array_args(p))})\nfi\n")
+
+
+def _deadline_block(p: Plan) -> str:
+    """The run's deadline, from the job's own end time: the time in the queue, the nodes'
+    start-up and the prologue's module loads all come out of the limit, not out of the margin."""
+    r = p.req
+    if r.scheduler == "slurm":
+        lines = ["# -- the run's deadline: the job's end time (Slurm's, else its start + --time) less the margin --",
+                 f"JOB_END=${{SLURM_JOB_END_TIME:-$((JOB_START + {p.seconds}))}}"]
+    else:
+        lines = ["# -- the run's deadline: the job's end time (its start + the walltime) less the margin ---------",
+                 "# PBS exports no end time; its walltime counts from the job's start, this script's first line.",
+                 f"JOB_END=$((JOB_START + {p.seconds}))"]
+    lines.append(f"DEADLINE=$((JOB_END - {r.signal_margin}))")
+    if p.deadline_at is not None:
+        lines.append(f'[ "$DEADLINE" -gt {p.deadline_at} ] && DEADLINE={p.deadline_at}  # --deadline {_comment(r.deadline or "")}')
+    lines.append('RUN_ARGS+=(--deadline "@$DEADLINE")')
+    return "\n".join(lines) + "\n"
+
+
+def _chain_note(p: Plan) -> str:
+    """PBS: how to submit the job as a chain, where compute nodes may not run qsub."""
+    if p.req.scheduler != "pbs" or p.array is not None:
+        return ""
+    n = p.req.max_requeues
+    return ("\n# Where compute nodes may not run qsub, submit it as a chain instead (`hpcevo jobs submit pbs ...\n"
+            f"# --resubmit chain` does this): each next job runs only if the one before did not succeed\n# (stopped early, exit 75, or failed) and resumes; once one succeeds PBS deletes the rest:\n"
+            f"#   J=$(qsub -v HPCEVO_CHAIN=1 SCRIPT); for i in $(seq {n}); do\n"
+            "#     J=$(qsub -W depend=afternotok:$J -v HPCEVO_CHAIN=1,HPCEVO_RESUBMISSIONS=$i SCRIPT); done")
+
+
+def _signal_note(p: Plan) -> str:
+    if p.req.scheduler == "slurm":
+        return ("# Slurm signals this shell only (--signal=B:USR1@N before the time limit, scancel -b); the\n"
+                "# launcher passes USR1 and TERM on to every rank.")
+    return ("# PBS signals this shell only (qdel and the walltime: SIGTERM, then SIGKILL after the\n"
+            "# server's kill_delay; qsig -s USR1 by hand); the launcher passes USR1 and TERM on to every rank.")
+
+
+def _notes(p: Plan) -> str:
+    return "\n".join(f"# {_comment(n)}" for n in p.notes)
 
 
 def render(req: JobRequest) -> str:
@@ -369,9 +625,10 @@ def render(req: JobRequest) -> str:
     run_args = ["study", "run", r.config] if r.study else ["run", r.config]
     for o in r.overrides:
         run_args += ["--set", o]
-    # --resume: a requeued job continues, a first one starts fresh. --deadline: Slurm's warning
-    # signal can come up to a minute late and PBS sends none, so the run also stops by itself.
-    run_args += ["--resume", "--deadline", str(p.seconds - r.signal_margin)]
+    # --resume: a requeued job continues, a first one starts fresh. The script adds --deadline
+    # (_deadline_block): Slurm's warning signal can come up to a minute late and PBS sends none,
+    # so the run also stops by itself.
+    run_args += ["--resume"]
     slots = {
         "directives": "\n".join(_directives(p)),
         "command": _comment(r.command or f"hpcevo jobs render {r.scheduler} {shlex.quote(r.config)}"),
@@ -389,12 +646,23 @@ def render(req: JobRequest) -> str:
         "run_args": " ".join(map(quote, run_args)),
         "environment": "\n".join(_environment(p)),
         "prologue": "\n".join(r.prologue) + ("\n" if r.prologue else ""),
-        "array_args": " ".join(_array_args(p)),
         "what": _what(p),
         "array_note": _array_note(p),
+        "array_block": _array_block(p),
+        # (a subjob continues alone: a plain job, the array directive removed, the index passed)
+        "array_resubmit": "" if p.array is None else (
+            '    if [ -n "${INDEX:-}" ]; then\n'
+            "      # One subjob continues alone: a plain job, the array directive removed, the index passed.\n"
+            '      vars="$vars,HPCEVO_ARRAY_INDEX=$INDEX"\n'
+            "      after=()\n"
+            "    fi\n"),
+        "deadline": _deadline_block(p),
+        "signal_note": _signal_note(p),
+        "chain_note": _chain_note(p),
+        "notes": _notes(p),
         "launch": " ".join(_launch(p)),
         "job_script": quote(r.script_path) if r.script_path else '""',
-        "launch_and_wait": _template("launch.sh").rstrip("\n"),
+        "launch_and_wait": _fill(_template("launch.sh"), {"signal_note": _signal_note(p)}).rstrip("\n"),
     }
     return _fill(_template(f"{r.scheduler}.sh"), slots)
 
@@ -445,15 +713,25 @@ def submit(req: JobRequest, script: Path) -> str:
         # Slurm drops the output (and PBS the job's log) when its directory is missing.
         Path(req.output).parent.mkdir(parents=True, exist_ok=True)
     if req.scheduler == "slurm":
-        cmd = ["sbatch", "--parsable", str(script)]
-    else:
-        cmd = ["qsub", "-v", f"HPCEVO_JOB_SCRIPT={script.resolve()}", str(script)]
+        return _call([*["sbatch", "--parsable"], str(script)], p).split(";")[0]
+    variables = f"HPCEVO_JOB_SCRIPT={script.resolve()}"
+    if req.resubmit != "chain":
+        return _call(["qsub", "-v", variables, str(script)], p)
+    # A chain: every successor queued now, each waiting for the one before to stop early (exit 75,
+    # not 0: PBS deletes the rest once a job succeeds, its dependants never to be satisfied).
+    first = job = _call(["qsub", "-v", f"{variables},HPCEVO_CHAIN=1", str(script)], p)
+    for i in range(1, req.max_requeues + 1):
+        job = _call(["qsub", "-W", f"depend=afternotok:{job}", "-v",
+                     f"{variables},HPCEVO_CHAIN=1,HPCEVO_RESUBMISSIONS={i}", str(script)], p)
+    return first + (f" (and {req.max_requeues} chained after it, the last {job})" if req.max_requeues else "")
+
+
+def _call(cmd: list[str], p: Plan) -> str:
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         raise UsageError(f"{cmd[0]} not found: submit from a {p.req.scheduler} login node, "
-                         f"or submit {script} by hand") from None
+                         f"or submit {cmd[-1]} by hand") from None
     if done.returncode != 0:
         raise UsageError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr.strip()}")
-    out = done.stdout.strip()
-    return out.split(";")[0] if req.scheduler == "slurm" else out
+    return done.stdout.strip()

@@ -1,7 +1,6 @@
 # -- launch the ranks; forward the warning signal to them -----------------------------------
-# The scheduler signals this shell only (--signal=B:USR1@N, scancel -b, qdel's SIGTERM); the
-# launcher passes USR1 and TERM on to every rank. Told either, hpcevo writes a checkpoint at
-# its next chunk boundary and exits 75: "stopped early, checkpoint written, requeue me".
+@signal_note@ Told either, hpcevo writes a checkpoint
+# at its next chunk boundary and exits 75: "stopped early, checkpoint written, requeue me".
 forward() {
   echo "hpcevo job: SIG$1 at $(date '+%F %T'), forwarding it to the ranks" >&2
   [ -n "${launcher_pid:-}" ] && kill -s "$1" "$launcher_pid" 2>/dev/null
@@ -21,7 +20,7 @@ echo "hpcevo job: $(date '+%F %T') on $(hostname): ${LAUNCH[*]} $PYTHON -m hpcev
 launcher_pid=$!
 # When a node is lost, hpcevo's watchdog ends the ranks that are left (exit code 76, written to
 # the exit file); a launcher that cannot reach the lost node may still wait for it until the
-# scheduler declares it down, minutes later (srun does). It gets 10 s, then it is ended.
+# scheduler declares it down, minutes later. It gets 10 s, then it is ended.
 reaper_pid=
 if [ -n "$HPCEVO_EXIT_FILE" ]; then
   (

@@ -6,7 +6,9 @@
 # limit) the ranks checkpoint and exit 75; the job then requeues itself and resumes, at most
 # @max_requeues@ times.@relaunch_note@
 @array_note@
+@notes@
 set -uo pipefail
+JOB_START=$(date +%s)  # (before the site's set-up: its time counts against the limit)
 @workdir@
 PYTHON=@python@
 RUN_ARGS=(@run_args@)
@@ -20,10 +22,7 @@ MAX_RELAUNCHES=@max_relaunches@
 # -- environment ---------------------------------------------------------------------------
 @environment@
 @prologue@
-# -- array job: the task's index picks its share --------------------------------------------
-if [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
-  RUN_ARGS+=(@array_args@)
-fi
+@array_block@
 
 # -- a node lost: go on with the nodes that are left ---------------------------------------
 # The job keeps its allocation when a node fails (--no-kill). hpcevo's watchdog ends the ranks
@@ -76,6 +75,7 @@ relaunch() {
   return 0
 }
 
+@deadline@
 while :; do
   # -- launcher ----------------------------------------------------------------------------
   # srun does not pass sbatch's --cpus-per-task on to the step (Slurm 22.05+): say it again.
