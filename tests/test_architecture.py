@@ -5,6 +5,7 @@ everything but errors and the schema, and the offline tools importable on a logi
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,10 @@ def test_mpi_and_hdf5_stay_in_their_rooms():
         if room not in ("parallel", "checkpoint"):
             text = path.read_text()
             assert "comm_ctl" not in text and "comm_jax" not in text, f"{name} touches a communicator"
+        if room != "parallel":
+            # a given communicator (parallel.init(comm=...)) is the only one hpcevo uses: nothing
+            # but the parallel room names the whole job's (launcher variables like OMPI_COMM_WORLD_RANK aside)
+            assert not re.search(r"(?<![A-Z_])COMM_WORLD(?![A-Z_])", path.read_text()), f"{name} names COMM_WORLD"
     known = modules()
     # a schema builds nothing: the config and the field types it shares with the API's objects
     assert imports("hpcevo.config", known["hpcevo.config"], known) <= {"hpcevo.errors", "hpcevo.schema"}

@@ -99,10 +99,13 @@ class ParallelContext:
         # one run in ten lost its traceback. A second's grace lets the launcher drain it.
         time.sleep(ABORT_GRACE_SECONDS)
 
+        # The whole job, also where hpcevo was given part of it (parallel.init(comm=...)): the
+        # job's other ranks would otherwise wait for these ones forever.
         MPI.COMM_WORLD.Abort(code)
 
 
 _CONTEXT: ParallelContext | None = None
+_GIVEN: Any = None  # the communicator the process's context was made over (None: COMM_WORLD)
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -125,19 +128,36 @@ def raise_fd_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def discover() -> ParallelContext:
-    """Initialise MPI (a singleton job without a launcher) and describe this rank. Idempotent."""
-    global _CONTEXT
+def discover(comm: Any = None) -> ParallelContext:
+    """Initialise MPI (a singleton job without a launcher) and describe this rank: the process's
+    context, over ``comm`` (an mpi4py communicator) or, by default, COMM_WORLD. Idempotent: the
+    first call fixes the process's communicator (collective on it); later calls return that
+    context, and one that names another communicator is a UsageError (``context_for`` or
+    ``ParallelContext.split`` make contexts over others)."""
+    global _CONTEXT, _GIVEN
     if _CONTEXT is None:
         raise_fd_limit()
         from mpi4py import MPI
 
-        _CONTEXT = context_for(MPI.COMM_WORLD)
+        _CONTEXT = context_for(MPI.COMM_WORLD if comm is None else comm)
+        _GIVEN = comm
         if _CONTEXT.size > 1:
             _abort_on_uncaught(_CONTEXT)
             for hook in ON_DISCOVER:
                 hook(_CONTEXT)
+    elif comm is not None and comm != (_world() if _GIVEN is None else _GIVEN):
+        from ..errors import UsageError
+
+        raise UsageError(f"parallel.init(comm=...): this process's context is already over "
+                         f"{'another communicator' if _GIVEN is not None else 'COMM_WORLD'} (the first init "
+                         "or run fixes it); call init(comm=...) before anything else of hpcevo's")
     return _CONTEXT
+
+
+def _world() -> Any:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
 
 
 # What a multi-rank job does once discovered (control.py adds the agreement at exit: it needs
