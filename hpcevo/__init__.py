@@ -19,6 +19,7 @@ The public API (every name in ``__all__``; the docstrings are the reference)::
     arch = hpcevo.Archipelago([CSO(...), DE(...)], problem, ctx,   # islands, the same way
                               hpcevo.Migration(every=20, migrants=5)).init(seed=0)
     result = hpcevo.study("examples/study.toml", resume=True)   # many runs on groups of ranks
+    result = hpcevo.minimize(f, x0, sigma0)                     # CMA-ES in one call, as cma.fmin2
     groups = hpcevo.parallel.split(ctx, ranks_per_group=2)      # groups of your own
 
 Protocols: ``Algorithm``, ``Problem``, ``HostProblem``. Errors: ``ConfigError``, ``UsageError``,
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
                    problems as problems)
     from .algorithms.base import Algorithm as Algorithm
     from .algorithms.migration import Migration as Migration
-    from .api import load_config as load_config, load_study as load_study, run as run, study as study
+    from .api import (load_config as load_config, load_study as load_study, minimize as minimize, run as run,
+                      study as study)
     from .config import RunConfig as RunConfig
     from .driver.archipelago import Archipelago as Archipelago
     from .driver.batch import Batch as Batch
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
 _NAMES = {
     "load_config": "hpcevo.api",
     "run": "hpcevo.api",
+    "minimize": "hpcevo.api",
     "load_study": "hpcevo.api",
     "study": "hpcevo.api",
     "open_run": "hpcevo.driver.result",

@@ -14,6 +14,7 @@ names the config key), ``UsageError`` (a run directory or checkpoint that does n
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
@@ -31,7 +32,7 @@ from .parallel import ParallelContext, agreed, init
 from .problems.base import HostProblem, Problem
 from .problems.user import Named, held_name
 
-__all__ = ["load_config", "load_study", "open_run", "run", "study"]
+__all__ = ["load_config", "load_study", "minimize", "open_run", "run", "study"]
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()) -> RunConfig:
@@ -131,6 +132,90 @@ def run(config: RunConfig | str | os.PathLike | Mapping[str, Any], *, problem: A
     with rundir.speaking(options.face):
         summary, history = execute(ctx, cfg, held, options, observers)
     return Result(summary, history, Path(cfg.out_dir))
+
+
+def minimize(f: Any, x0: Any, sigma0: float, *, bounds: tuple[Any, Any] | None = None,
+             evaluations: int | None = None, target: float | None = None, restarts: str = "none",
+             popsize: int | None = None, seed: int = 0, out: str | os.PathLike | None = None,
+             overwrite: bool | None = None, ctx: ParallelContext | None = None, quiet: bool = True,
+             host: bool | None = None) -> Result:
+    """Minimise ``f`` from ``x0`` with step size ``sigma0``: CMA-ES as ``cma.fmin2(f, x0,
+    sigma0)`` runs it (Hansen, "The CMA Evolution Strategy: A Tutorial", 2016; restarts IPOP,
+    Auger and Hansen 2005, and BIPOP, Hansen 2009), in one call, at any rank count (collective:
+    every rank calls it alike; the evaluation is split over the ranks, and the result is the
+    same bits at any rank count).
+
+    ``f``: a JAX function of one candidate (``(n,) -> ()``) or of a block (``(n_rows, n) ->
+    (n_rows,)``), or NumPy code with ``host=True``. ``sigma0``: the initial standard deviation,
+    in ``x``'s units. ``bounds``: ``(lower, upper)``, numbers or one per coordinate; candidates
+    are then clipped to the box. Without bounds the search is unbounded; restarts start from a
+    mean drawn within 2 sigma0 of ``x0``.
+
+    It stops as pycma does by default: when the best value improved by no more than 1e-11 over
+    the last 10 + 30 n / lambda generations (pycma's TolFun), after 100 + 150 (n + 3)^2 /
+    sqrt(lambda) generations (its maxiter), at ``target`` (a value of ``f``), or at
+    ``evaluations``. With ``restarts`` ("ipop", "bipop") it restarts where pycma's criteria say
+    until ``evaluations`` (default 1,000 n^2) are spent. ``popsize``: lambda (the first
+    lambda with restarts; default 4 + 3 ln n).
+
+    The run is a run like any other, in ``out`` (default ``runs/minimize``, replaced on each call
+    as pycma's ``outcmaes`` is; a folder you name is not replaced unless ``overwrite=True``): its
+    metrics, checkpoints (``hpcevo.run(open_run(result.run_dir).config, problem=f, resume=True)``
+    continues it) and summary. Returns its ``Result``: ``best_solution``, ``best_fitness``,
+    ``evaluations``, ``generations``, ``run_dir``, ``summary["stopped_by"]``.
+    """
+    cfg = _minimize_config(x0, sigma0, bounds, evaluations, target, restarts, popsize, seed, out)
+    return run(cfg, problem=f, ctx=ctx, quiet=quiet, host=host,
+               overwrite=(out is None) if overwrite is None else overwrite)
+
+
+def _minimize_config(x0, sigma0, bounds, evaluations, target, restarts, popsize, seed, out) -> dict[str, Any]:
+    import numpy as np
+
+    def bad(name: str, what: str) -> UsageError:
+        return UsageError(f"minimize: '{name}' {what}")
+
+    try:
+        x = np.asarray(x0, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise bad("x0", f"must be a vector of numbers, got {type(x0).__name__}") from None
+    if x.size < 1 or not np.all(np.isfinite(x)) or np.ndim(x0) > 1:
+        raise bad("x0", "must be a non-empty vector of finite numbers")
+    n = int(x.size)
+    if isinstance(sigma0, bool) or not isinstance(sigma0, (int, float)) or not (math.isfinite(sigma0) and sigma0 > 0):
+        raise bad("sigma0", f"must be a positive number, got {sigma0!r}")
+    if restarts not in ("none", "ipop", "bipop"):
+        raise bad("restarts", f"must be 'none', 'ipop' or 'bipop', got {restarts!r}")
+    for name, value, least in (("evaluations", evaluations, 1), ("popsize", popsize, 2)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise bad(name, f"must be a whole number >= {least}, got {value!r}")
+    if bounds is None:
+        lb, ub = x - 2.0 * sigma0, x + 2.0 * sigma0
+    else:
+        try:
+            lb, ub = (np.broadcast_to(np.asarray(b, dtype=float), (n,)) for b in bounds)
+        except (TypeError, ValueError):
+            raise bad("bounds", f"must be (lower, upper), each a number or {n} numbers") from None
+        if not (np.all(lb < ub) and np.all(lb <= x) and np.all(x <= ub)):
+            raise bad("bounds", "must have lower < upper, with x0 inside")
+    lam = popsize or 4 + int(3 * math.log(n))
+    algorithm: dict[str, Any] = {"name": "cmaes", "x0": x.tolist(), "restart": restarts, "clip": bounds is not None,
+                                 "sigma_init": float(sigma0 / np.mean(ub - lb))}
+    if popsize:
+        algorithm["lambda0" if restarts != "none" else "pop_size"] = popsize
+    section: dict[str, Any] = {"name": "minimize", "seed": seed, "out": os.fspath(out or Path("runs") / "minimize")}
+    if restarts == "none":
+        section["generations"] = 100 + 150 * (n + 3) ** 2 // max(1, int(math.sqrt(lam)))
+        section["stagnation_generations"] = 10 + math.ceil(30 * n / lam)
+        section["stagnation_tolerance"] = 1e-11
+    else:
+        section["evaluations"] = 1000 * n * n
+    if evaluations is not None:
+        section["evaluations"] = evaluations
+    if target is not None:
+        section["target"] = target
+    return {"run": section, "algorithm": algorithm,
+            "problem": {"dim": n, "lb": [float(v) for v in lb], "ub": [float(v) for v in ub]}}
 
 
 def load_study(source: str | os.PathLike | Mapping[str, Any], overrides: Sequence[str] = ()):
