@@ -123,7 +123,7 @@ OPFUNU=(opfunu)
 if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then OPFUNU=(); fi
 "${PIP[@]}" install -c "$STACK" jax jaxlib numpy pydantic tqdm tomli-w matplotlib filelock \
   setuptools wheel cython pkgconfig nanobind pytest pytest-timeout mypy tensorboardX cma \
-  gymnax six flax "${OPFUNU[@]}" minionpy pymoo moocore coco-experiment cocopp
+  gymnax six flax "${OPFUNU[@]}" minionpy pymoo moocore coco-experiment cocopp gest-api libensemble
 if [ ${#OPFUNU[@]} = 0 ]; then
   "${PIP[@]}" install -c "$STACK" --ignore-requires-python opfunu
 fi

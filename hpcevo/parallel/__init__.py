@@ -7,7 +7,7 @@ and host evaluation (tasks over ranks and threads, gathered by index); groups of
 """
 
 from .binding import Binding, Probe, Request, cpu_list, decide
-from .context import ParallelContext, bind, context_for, discover, mpi_library
+from .context import ParallelContext, alone, bind, context_for, discover, mpi_library
 from .control import (
     abort_if_stuck,
     agree_max,
@@ -41,6 +41,7 @@ __all__ = [
     "agree_same",
     "agreed",
     "allgather_obj",
+    "alone",
     "barrier",
     "bcast_from_root",
     "bind",

@@ -212,6 +212,21 @@ def context_for(comm: Any) -> ParallelContext:
     return ctx
 
 
+_ALONE: list[ParallelContext] = []
+
+
+def alone() -> ParallelContext:
+    """This process by itself (COMM_SELF), inside whatever job it belongs to: for work of one
+    process's own, such as a generator that an outside engine drives (``hpcevo.gest``). Made
+    once per process; not collective. Bound as the process's context is, if it is."""
+    if not _ALONE:
+        raise_fd_limit()
+        from mpi4py import MPI
+
+        _ALONE.append(context_for(MPI.COMM_SELF))
+    return _ALONE[0]
+
+
 def connect_every_pair(comm: Any) -> None:
     """Collective: every rank sends one byte to every other rank, so that each pair of ranks
     has a connection before the run starts.
