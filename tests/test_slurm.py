@@ -7,7 +7,9 @@ where no cluster can be had (not root, packages not installable).
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,13 @@ def test_rendered_job_runs_the_example_at_2_ranks(slurm, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["ranks"], summary["generations"], summary["evaluations"]) == (2, 30, 1024 + 29 * 512)
     assert summary["state_digest"] == reference_digest(tmp_path, *gens)
+    # What an admin sees: memory asked of this cluster's sinfo (its node has RealMemory=1024, less
+    # than 4 GiB per CPU), and a deadline from the job's own start and limit (10 min, margin 60 s)
+    script = (tmp_path / "job.sbatch").read_text()
+    assert "#SBATCH --mem=1G\n" in script and "1G of memory per node: a whole node's" in script
+    start = datetime.datetime.fromisoformat(info["StartTime"]).timestamp()
+    deadline = int(re.search(r"--deadline @(\d+)", log)[1])
+    assert start + 600 - 60 <= deadline <= start + 600 - 60 + 5, (info["StartTime"], deadline)
 
 
 def test_signal_reaches_every_rank_and_the_job_requeues_itself(slurm, tmp_path):
