@@ -72,6 +72,9 @@ PAIRS = {
     ("pycma", "cmaes"): {},
 }
 POPS, DIMS = (64, 1024, 16384), (10, 100)
+OBJECTIVES = {"builtin": "hpcevo's Ackley on the hpcevo and evosax sides (bitwise block invariant), EvoX's own on EvoX's",
+              "user": "a plain JAX Ackley as a user writes it (user_ackley), the same function on every side but "
+                      "pycma's (NumPy)"}
 PYCMA_POPS = (64, 1024)  # "at small populations": NumPy's CMA-ES at 16,384 is not its users' case
 ACKLEY_BOX = 32.768
 SLOW_SAMPLE, MIN_REPEATS = 20, 3  # a sample over 20x --sample-s: 3 samples of that side
@@ -87,6 +90,25 @@ def generations_for(pop: int, dim: int, sample_s: float, peer: str = "") -> int:
 
 
 # -- workers: one process per side, commands on stdin, one JSON line each on stdout ---------------
+def user_ackley(x):
+    """Ackley as a user writes it for either library (a block, the last axis reduced): no
+    block-invariance tricks, the plain means. ``--objective user`` gives it to every side."""
+    import jax.numpy as jnp
+
+    return (-20.0 * jnp.exp(-0.2 * jnp.sqrt(jnp.mean(x * x, axis=-1)))
+            - jnp.exp(jnp.mean(jnp.cos(2.0 * jnp.pi * x), axis=-1)) + 20.0 + jnp.e)
+
+
+def _objective(name: str, dim: int):
+    """(what hpcevo's Loop is given, the function both bare loops call)."""
+    from hpcevo.problems import make_problem
+
+    if name == "user":
+        return user_ackley, user_ackley
+    problem = make_problem("ackley", dim)
+    return problem, problem.evaluate
+
+
 def _ackley_np(x):
     import numpy as np
 
@@ -95,27 +117,27 @@ def _ackley_np(x):
             + 20.0 + np.e)
 
 
-def _side_hpcevo(ctx, algorithm: str, pop: int, dim: int, gens: int, hyper: dict) -> dict:
+def _side_hpcevo(ctx, algorithm: str, pop: int, dim: int, gens: int, hyper: dict, objective: str = "builtin") -> dict:
     import jax
     from jax import lax
 
     from hpcevo import Loop
     from hpcevo.algorithms import ALGORITHMS
-    from hpcevo.problems import make_problem
 
-    problem = make_problem("ackley", dim)
-    algo = ALGORITHMS[algorithm](pop_size=pop, dim=dim, lb=problem.lb, ub=problem.ub, **hyper)
+    problem, evaluate = _objective(objective, dim)
+    box_lb, box_ub = (-ACKLEY_BOX,) * dim, (ACKLEY_BOX,) * dim
+    algo = ALGORITHMS[algorithm](pop_size=pop, dim=dim, lb=box_lb, ub=box_ub, **hyper)
 
     def scan(state):
         def step(s, _):
             x, s = algo.ask(s)
-            return algo.tell(s, problem.evaluate(x)), None
+            return algo.tell(s, evaluate(x)), None
         return lax.scan(step, state, None, length=gens)[0]
 
     bare = jax.jit(scan, donate_argnums=0)
     s = algo.init(jax.random.PRNGKey(1))
     x0, s = algo.init_ask(s)
-    box = {"s": algo.init_tell(s, problem.evaluate(x0))}
+    box = {"s": algo.init_tell(s, evaluate(x0))}
 
     def run_bare():
         box["s"] = jax.block_until_ready(bare(box["s"]))
@@ -125,14 +147,13 @@ def _side_hpcevo(ctx, algorithm: str, pop: int, dim: int, gens: int, hyper: dict
             "_close": loop.close, "_notes": [f"{loop.engine.microbatches} micro-batches"]}
 
 
-def _side_evosax(algorithm: str, pop: int, dim: int, gens: int) -> dict:
+def _side_evosax(algorithm: str, pop: int, dim: int, gens: int, objective: str = "builtin") -> dict:
     import jax
     import jax.numpy as jnp
     from evosax import algorithms as ev
 
-    from hpcevo.problems import make_problem
-
-    problem = make_problem("ackley", dim)
+    class problem:  # noqa: N801  (the objective, as the rest of this function calls it)
+        evaluate = staticmethod(_objective(objective, dim)[1])
     cls = {"pso": ev.PSO, "de": ev.DifferentialEvolution, "cmaes": ev.CMA_ES, "openes": ev.Open_ES,
            "snes": ev.SNES}[algorithm]
     es = cls(population_size=pop, solution=jnp.zeros((dim,), jnp.float32))
@@ -231,8 +252,9 @@ def worker(side: str) -> None:
         try:
             if cmd["op"] == "setup":
                 args = (cmd["algorithm"], cmd["pop"], cmd["dim"], cmd["gens"])
-                variants = {"hpcevo": lambda: _side_hpcevo(ctx, *args, cmd.get("hyper", {})),
-                            "evosax": lambda: _side_evosax(*args), "evox": lambda: _side_evox(*args),
+                objective = cmd.get("objective", "builtin")
+                variants = {"hpcevo": lambda: _side_hpcevo(ctx, *args, cmd.get("hyper", {}), objective),
+                            "evosax": lambda: _side_evosax(*args, objective), "evox": lambda: _side_evox(*args),
                             "pycma": lambda: _side_pycma(*args)}[side]()
                 first, warm = {}, {}
                 for name, fn in variants.items():
@@ -368,7 +390,7 @@ def _calibrated(w: "Worker", peer: str, algorithm: str, pop: int, dim: int, args
     """Generations per sample for the peer: the cost model's, unless two generations of it show
     a far slower peer (evosax's DE is quadratic in the population: 2.4 s a generation at 16,384)."""
     model = generations_for(pop, dim, args.sample_s, peer)
-    got = w.ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=2, hyper={})
+    got = w.ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=2, hyper={}, objective=args.objective)
     w.ask(op="drop")
     if "error" in got or not got["warm_s"]:
         return model
@@ -378,14 +400,14 @@ def _calibrated(w: "Worker", peer: str, algorithm: str, pop: int, dim: int, args
 
 def measure_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) -> dict:
     """One row: the peer's and hpcevo's programs built, warmed, then timed in turn."""
-    row = {"peer": peer, "algorithm": algorithm, "pop": pop, "dim": dim}
+    row = {"peer": peer, "algorithm": algorithm, "pop": pop, "dim": dim, "objective": args.objective}
     gens = generations_for(pop, dim, args.sample_s)
     sides = {"hpcevo": gens, peer: _calibrated(workers[peer], peer, algorithm, pop, dim, args)}
     row["gens"] = sides
     timed, slow = [], set()
     for side, g in sides.items():
         got = workers[side].ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=g,
-                                hyper=PAIRS[(peer, algorithm)])
+                                hyper=PAIRS[(peer, algorithm)], objective=args.objective)
         if "error" in got:
             row["error"] = f"{side}: {got['error']}"
             break
@@ -425,9 +447,12 @@ def cli_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) 
     gens = generations_for(pop, dim, args.sample_s)
     total = 100 + 100 * max(2, -(-2 * gens * args.repeats // 100))  # about 2 s of generations
     hyper = PAIRS[(peer, algorithm)]
-    got = workers["hpcevo"].ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=gens, hyper=hyper)
+    got = workers["hpcevo"].ask(op="setup", algorithm=algorithm, pop=pop, dim=dim, gens=gens, hyper=hyper,
+                                objective=args.objective)
     if "error" in got:
         return {"peer": peer, "algorithm": algorithm, "pop": pop, "dim": dim, "error": got["error"]}
+    # the user's function by import path, as a config names one (README, "Your own problem")
+    name = "benchmarks.vs_peers:user_ackley" if args.objective == "user" else "ackley"
     run_ms, bare_ms = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.cli_repeats):
@@ -435,7 +460,7 @@ def cli_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) 
             extra = "".join(f'{k} = "{v}"\n' if isinstance(v, str) else f"{k} = {v}\n" for k, v in hyper.items())
             cfg.write_text(f'[run]\nname = "peers"\nseed = {r + 1}\ngenerations = {total}\nout = "{tmp}/run{r}"\n'
                            f'[algorithm]\nname = "{algorithm}"\npop_size = {pop}\n{extra}'
-                           f'[problem]\nname = "ackley"\ndim = {dim}\nlb = {-ACKLEY_BOX}\nub = {ACKLEY_BOX}\n'
+                           f'[problem]\nname = "{name}"\ndim = {dim}\nlb = {-ACKLEY_BOX}\nub = {ACKLEY_BOX}\n'
                            f'[log]\nevery = 100\n')
             proc = subprocess.run([sys.executable, "-m", "hpcevo", "run", str(cfg)], cwd=ROOT, capture_output=True,
                                   text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
@@ -449,6 +474,7 @@ def cli_row(workers: dict, peer: str, algorithm: str, pop: int, dim: int, args) 
             bare_ms.append(workers["hpcevo"].ask(op="time", variant="hpcevo bare step")["s"] / gens * 1e3)
     workers["hpcevo"].ask(op="drop")
     return {"peer": peer, "algorithm": algorithm, "pop": pop, "dim": dim, "generations": total,
+            "objective": args.objective,
             "ms": {"hpcevo run": _stats(run_ms), "hpcevo bare step": _stats(bare_ms)},
             "overhead": statistics.median(run_ms) / statistics.median(bare_ms)}
 
@@ -460,7 +486,8 @@ def _fmt(s: dict | None) -> str:
 
 
 def table(rep: dict) -> str:
-    lines = ["| peer | algorithm | pop | dim | peer ms | hpcevo `Loop.advance` ms | hpcevo bare step ms | "
+    lines = [f"objective: {OBJECTIVES[rep.get('objective', 'builtin')]}", "",
+             "| peer | algorithm | pop | dim | peer ms | hpcevo `Loop.advance` ms | hpcevo bare step ms | "
              "peer / hpcevo | hpcevo / bare |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         if "error" in r:
@@ -506,6 +533,9 @@ def parse(argv):
     p.add_argument("--construction", action="store_true",
                    help="only: evosax's PSO timed with its state built inside the call (the old harness) and carried")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--objective", choices=sorted(OBJECTIVES), default="builtin",
+                   help="builtin: hpcevo's Ackley (EvoX's own on its side); user: a plain Ackley as a user writes it, "
+                        "on both sides")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -539,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     workers = {side: Worker(side) for side in sides}
     try:
         rep = {"when": time.strftime("%Y-%m-%d-%H%M"), "host": platform.node(), "cpu": _cpu_model(),
+               "objective": args.objective,
                "cores": os.cpu_count(), "argv": sys.argv[1:], "repeats": args.repeats, "sample_s": args.sample_s,
                "sides": {s: w.ask(op="info") for s, w in workers.items()}, "rows": [], "cli": []}
         for peer, algorithm in args.pairs:
