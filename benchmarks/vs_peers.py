@@ -143,8 +143,15 @@ def _side_hpcevo(ctx, algorithm: str, pop: int, dim: int, gens: int, hyper: dict
         box["s"] = jax.block_until_ready(bare(box["s"]))
 
     loop = Loop(algo, problem, ctx).init(1)
-    return {"hpcevo bare step": run_bare, "hpcevo Loop.advance": lambda: loop.advance(gens),
-            "_close": loop.close, "_notes": [f"{loop.engine.microbatches} micro-batches"]}
+    sides = {"hpcevo bare step": run_bare, "hpcevo Loop.advance": lambda: loop.advance(gens),
+             "_close": loop.close, "_notes": [f"{loop.engine.microbatches} micro-batches"]}
+    if objective == "user" and loop.engine.microbatches > 1:
+        # The user's lever: the evaluation in one call (parallel.microbatch = pop), which leaves
+        # one rank evaluating at any rank count (the default lets up to 64 ranks share it).
+        one = Loop(algo, problem, ctx, microbatch=pop).init(1)
+        sides["hpcevo, one micro-batch"] = lambda: one.advance(gens)
+        sides["_close"] = lambda: (loop.close(), one.close())
+    return sides
 
 
 def _side_evosax(algorithm: str, pop: int, dim: int, gens: int, objective: str = "builtin") -> dict:
@@ -485,10 +492,16 @@ def _fmt(s: dict | None) -> str:
     return f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]"
 
 
+def _ratio(ms: dict, a: str, b: str) -> str:
+    return f"{ms[a]['median'] / ms[b]['median']:.2f}" if a in ms and b in ms else "-"
+
+
 def table(rep: dict) -> str:
+    one = "hpcevo, one micro-batch"
     lines = [f"objective: {OBJECTIVES[rep.get('objective', 'builtin')]}", "",
              "| peer | algorithm | pop | dim | peer ms | hpcevo `Loop.advance` ms | hpcevo bare step ms | "
-             "peer / hpcevo | hpcevo / bare |", "|---|---|---|---|---|---|---|---|---|"]
+             "peer / hpcevo | hpcevo / bare |" + (f" {one} ms | peer / it |" if rep.get("objective") == "user" else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if rep.get("objective") == "user" else "")]
     for r in rep["rows"]:
         if "error" in r:
             lines.append(f"| {r['peer']} | {r['algorithm']} | {r['pop']} | {r['dim']} | error: {r['error'][:120]} |||||")
@@ -497,7 +510,8 @@ def table(rep: dict) -> str:
         lines.append(f"| {r['peer']} | {r['algorithm']} | {r['pop']:,} | {r['dim']} | {_fmt(ms[r['peer']])} | "
                      f"{_fmt(ms['hpcevo Loop.advance'])} | {_fmt(ms['hpcevo bare step'])} | "
                      f"{'**' if r['peer_over_hpcevo'] < 1 else ''}{r['peer_over_hpcevo']:.2f}"
-                     f"{'**' if r['peer_over_hpcevo'] < 1 else ''} | {r['overhead']:.3f} |")
+                     f"{'**' if r['peer_over_hpcevo'] < 1 else ''} | {r['overhead']:.3f} |"
+                     + (f" {_fmt(ms.get(one))} | {_ratio(ms, r['peer'], one)} |" if rep.get("objective") == "user" else ""))
     if rep.get("cli"):
         lines += ["", "| algorithm | hyper | pop | dim | `hpcevo run` ms | bare step ms | run / bare |", "|---|---|---|---|---|---|---|"]
         for r in rep["cli"]:
