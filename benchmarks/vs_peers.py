@@ -73,8 +73,8 @@ PAIRS = {
 }
 POPS, DIMS = (64, 1024, 16384), (10, 100)
 OBJECTIVES = {"builtin": "hpcevo's Ackley on the hpcevo and evosax sides (bitwise block invariant), EvoX's own on EvoX's",
-              "user": "a plain JAX Ackley as a user writes it (user_ackley), the same function on every side but "
-                      "pycma's (NumPy)"}
+              "user": "a plain JAX Ackley as a user writes it (user_ackley), the same function on the hpcevo and "
+                      "evosax sides; EvoX keeps its own Ackley object, the same plain formula; pycma NumPy's"}
 PYCMA_POPS = (64, 1024)  # "at small populations": NumPy's CMA-ES at 16,384 is not its users' case
 ACKLEY_BOX = 32.768
 SLOW_SAMPLE, MIN_REPEATS = 20, 3  # a sample over 20x --sample-s: 3 samples of that side

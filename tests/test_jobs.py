@@ -291,14 +291,14 @@ def test_srun_mpi_plugin_follows_the_mpi_that_mpi4py_runs(tmp_path):
              "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])")
     ours = " ".join(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                    check=True).stdout.split())
-    text = render(req(nodes=2, gpus_per_node=4))  # the job's python: this interpreter
+    text = render(req(nodes=4, gpus_per_node=4))  # the job's python: this interpreter
     want = "pmix" if "open mpi" in ours.lower() else "pmi2"
     assert f"srun --mpi={want} " in text and f"# srun --mpi={want}: mpi4py runs {ours} (--srun-mpi overrides)" in text
     # an interpreter whose mpi4py runs Open MPI: pmix, said in a comment
     openmpi = tmp_path / "python-openmpi"
     openmpi.write_text('#!/bin/sh\necho "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6"\n')
     openmpi.chmod(0o755)
-    text = render(req(nodes=2, gpus_per_node=4, python=str(openmpi)))
+    text = render(req(nodes=4, gpus_per_node=4, python=str(openmpi)))
     assert "srun --mpi=pmix " in text and "mpi4py runs Open MPI v4.1.6, package: Debian OpenMPI" in text
     # one that cannot say: pmi2, and the script says why; --srun-mpi wins over both
     broken = tmp_path / "python-broken"
@@ -313,7 +313,7 @@ def test_srun_mpi_plugin_follows_the_mpi_that_mpi4py_runs(tmp_path):
 
 @pytest.mark.single_process
 def test_scripts_speak_of_their_own_scheduler_and_of_arrays_only_when_asked():
-    slurm, pbs = render(req(time="2h")), render(req("pbs", time="2h"))
+    slurm, pbs = render(req(nodes=4, gpus_per_node=4, time="2h")), render(req("pbs", nodes=4, gpus_per_node=4, time="2h"))
     for text in (slurm, pbs):
         assert "array" not in text.lower() and "PBS_ARRAY_INDEX" not in text
     for word in ("Slurm", "sbatch", "srun", "scancel", "USR1@", "SLURM_"):
@@ -335,12 +335,12 @@ def _deadline_of(text: str, env: dict[str, str], job_start: int) -> str:
 
 @pytest.mark.single_process
 def test_the_deadline_is_the_jobs_end_less_the_margin_and_never_after_render_deadline():
-    slurm = render(req(time="02:00:00", signal_margin=300))
+    slurm = render(req(nodes=4, gpus_per_node=4, time="02:00:00", signal_margin=300))
     # Slurm says when the job ends: that, less the margin
     assert _deadline_of(slurm, {"SLURM_JOB_END_TIME": "1800007200"}, 1800000100) == str(1800007200 - 300)
     # an older Slurm that does not: the job's start (the script's first line) + the limit
     assert _deadline_of(slurm, {}, 1800000000) == str(1800000000 + 7200 - 300)
-    pbs = render(req("pbs", time="02:00:00", signal_margin=300))
+    pbs = render(req("pbs", nodes=4, gpus_per_node=4, time="02:00:00", signal_margin=300))
     assert _deadline_of(pbs, {}, 1800000000) == str(1800000000 + 7200 - 300)
     # --deadline: a maintenance window at 2030-01-01 00:00 UTC (1893456000) ends the run before
     for text in (render(req(time="02:00:00", deadline="@1893456000")),

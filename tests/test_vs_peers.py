@@ -48,3 +48,20 @@ def test_quick_run_times_every_side_and_writes_what_it_prints(tmp_path):
 def test_unknown_pair_is_one_message():
     r = peers("--only", "evosax:nsga2", timeout=60)
     assert r.returncode == 2 and "unknown pair(s) evosax:nsga2" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.single_process
+@pytest.mark.slow  # a benchmark's smoke run: not the inner loop's
+def test_user_objective_gives_hpcevo_the_plain_function_and_its_one_call_lever(tmp_path):
+    out = tmp_path / "peers.json"
+    r = peers("--quick", "--objective", "user", "--only", "pycma:cmaes", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    (row,) = rep["rows"]
+    assert rep["objective"] == row["objective"] == "user"
+    # the plain function as a user's: micro-batched by default, and the one-call column beside it
+    assert set(row["ms"]) == {"pycma", "hpcevo Loop.advance", "hpcevo bare step", "hpcevo, one micro-batch"}
+    assert any(n.endswith("micro-batches") and not n.startswith("1 ") for n in row["notes"])
+    (cli,) = rep["cli"]  # `hpcevo run` naming the same function by import path
+    assert cli["objective"] == "user" and cli["ms"]["hpcevo run"]["median"] > 0
+    assert "objective: a plain JAX Ackley as a user writes it" in r.stdout
