@@ -41,6 +41,7 @@ def rosenbrock(x: np.ndarray) -> float:  # as examples/libensemble_cmaes.py comp
     return float(np.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2))
 
 
+@pytest.mark.slow  # (libEnsemble's processes: not the inner loop's)
 def test_libensemble_drives_hpcevos_cmaes_and_the_run_is_hpcevos_own_loop():
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "libensemble_cmaes.py"), "--nworkers", "2",
                         "--comms", "local"], capture_output=True, text=True, env=clean_env(), timeout=600, cwd=ROOT)

@@ -42,6 +42,7 @@ def test_minimize_finds_rosenbrocks_minimum_and_stops_as_pycma_does(ctx, referen
     assert result.digest == references.get(request, "digest", one_rank)  # the same bits at any rank count
 
 
+@pytest.mark.slow  # (two runs of thousands of generations: not the inner loop's)
 @pytest.mark.ranks(1, 3)  # (the rules are the run's own, tested at every rank count elsewhere)
 def test_minimize_in_bounds_to_a_target_and_with_bipop_restarts(ctx, shared_tmp):
     boxed = hpcevo.minimize(sphere_block, np.full(4, 0.9), 0.5, bounds=(0.0, [1.0, 1.0, 2.0, 2.0]), target=1e-9,
@@ -55,6 +56,7 @@ def test_minimize_in_bounds_to_a_target_and_with_bipop_restarts(ctx, shared_tmp)
     assert 2500 <= bipop.evaluations < 2500 + 8 * 2**9 and bipop.best_fitness < 1e-6
 
 
+@pytest.mark.slow  # (five runs: the folder rule, not the inner loop's)
 @pytest.mark.ranks(1, 2)
 def test_minimize_replaces_its_default_folder_but_not_one_you_name(ctx, shared_tmp):
     here = os.getcwd()
