@@ -42,9 +42,10 @@ def rosenbrock(x: np.ndarray) -> float:  # as examples/libensemble_cmaes.py comp
 
 
 @pytest.mark.slow  # (libEnsemble's processes: not the inner loop's)
-def test_libensemble_drives_hpcevos_cmaes_and_the_run_is_hpcevos_own_loop():
+def test_libensemble_drives_hpcevos_cmaes_and_the_run_is_hpcevos_own_loop(tmp_path):
+    # (in a folder of its own: libEnsemble writes ensemble.log and libE_stats.txt where it runs)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "libensemble_cmaes.py"), "--nworkers", "2",
-                        "--comms", "local"], capture_output=True, text=True, env=clean_env(), timeout=600, cwd=ROOT)
+                        "--comms", "local"], capture_output=True, text=True, env=clean_env(), timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["generations"] >= 140 and got["evaluated"] == 150 * 8  # 150 generations of lambda 8
