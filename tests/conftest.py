@@ -239,17 +239,10 @@ def alone(ctx):
     return _alone()
 
 
-_ALONE: list = []
-
-
 def _alone():
-    from mpi4py import MPI
+    from hpcevo.parallel import alone
 
-    from hpcevo.parallel import context_for
-
-    if not _ALONE:
-        _ALONE.append(context_for(MPI.COMM_SELF))
-    return _ALONE[0]
+    return alone()
 
 
 # -- compiling once where ranks hold the same program --------------------------------------------
