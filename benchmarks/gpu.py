@@ -55,7 +55,10 @@ COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
 # (algorithm, pop, dim) in the order they are measured: the sizes a GPU is for first.
 SPEED_CONFIGS = [(a, p, d) for p, d in ((16384, 100), (262144, 100), (1024, 100), (16384, 1000),
                                         (262144, 1000), (1024, 1000)) for a in ("cso", "pso", "openes")]
-SPEED_COLUMNS = ("bare step", "bare + allgather", "bare, loop of unknown length", "hpcevo", "hpcevo, CPU micro-batches",
+# hpcevo's loops shaped otherwise than the device's default (driver/engine.py, loop_shape)
+LOOP_SHAPES = {"hpcevo, loops of data trip counts": "data", "hpcevo, fixed, blocks of 1": "fixed:1",
+               "hpcevo, fixed, blocks of 32": "fixed:32"}
+SPEED_COLUMNS = ("bare step", "bare + allgather", "bare, loop of unknown length", "hpcevo", *LOOP_SHAPES,
                  "hpcevo, 1 micro-batch", "evosax")
 SMOKE_CONFIGS = [(a, p, 10) for p in (64, 256) for a in ("cso", "pso", "openes")]
 
@@ -240,7 +243,6 @@ def _speed_row(ctx, algo_name: str, pop: int, dim: int, gens: int, repeats: int,
 
     from hpcevo import Loop
     from hpcevo.algorithms import ALGORITHMS
-    from hpcevo.parallel import microbatch_rows
     from hpcevo.problems import make_problem
 
     problem = make_problem("ackley", dim)
@@ -269,9 +271,19 @@ def _speed_row(ctx, algo_name: str, pop: int, dim: int, gens: int, repeats: int,
 
     # hpcevo's default micro-batches (on a GPU: at least GPU_MICROBATCH rows), the CPU's (64 of
     # at least 8 rows), and one call of the problem per rank
+    # and the loops' shapes (HPCEVO_LOOPS, read when a loop builds its engine): the trip counts as
+    # data (the default before 2026-11-27), fixed with blocks of 1 and 32 generations
     loops = {"hpcevo": Loop(algo, problem, ctx),
-             "hpcevo, CPU micro-batches": Loop(algo, problem, ctx, microbatch=microbatch_rows(pop, device="cpu")),
              "hpcevo, 1 micro-batch": Loop(algo, problem, ctx, microbatch=pop)}
+    before = os.environ.get("HPCEVO_LOOPS")
+    for name, shape in LOOP_SHAPES.items():
+        os.environ["HPCEVO_LOOPS"] = shape
+        try:
+            loops[name] = Loop(algo, problem, ctx)
+        finally:
+            os.environ.pop("HPCEVO_LOOPS")
+            if before is not None:
+                os.environ["HPCEVO_LOOPS"] = before
     for name, loop in loops.items():
         loop.init(1)
         variants[name] = (lambda lp: lambda: lp.advance(gens))(loop)
@@ -388,6 +400,15 @@ def _digest_runs(smoke: bool) -> list[dict]:
     runs += [dict(algorithm="cso", run="2 ranks to half way", ranks=2, name="cso-stopped", sets=sets("cso", gens // 2)),
              dict(algorithm="cso", run="resumed at 1 rank", ranks=1, name="cso-stopped", sets=sets("cso", gens),
                   resume=True)]
+    # Dispatches of another length (checkpoints every 7 generations, not 25): on a GPU a dispatch
+    # runs its generations in blocks of fixed length (driver/engine.py, loop_shape), so this
+    # moves every block boundary; the digest must not move. And the loops of data trip counts (the
+    # CPU's, and the GPU's before 2026-11-27): the digests recorded before, a baseline apart.
+    for algo in ("cso", "pso", "openes"):
+        runs += [dict(algorithm=algo, run="1 rank, checkpoints every 7", ranks=1, name=f"{algo}-1-every7",
+                      sets=sets(algo, gens) + ["checkpoint.every=7"]),
+                 dict(algorithm=algo, run="1 rank, loops of data trip counts", ranks=1, name=f"{algo}-1-data",
+                      sets=sets(algo, gens), env={"HPCEVO_LOOPS": "data"})]
     return runs
 
 
@@ -399,12 +420,13 @@ def part_digests(r: Runner, smoke: bool) -> dict:
         cfg = work / f"{run['algorithm']}.toml"
         cfg.write_text(f'[run]\nseed = 42\n[algorithm]\nname = "{run["algorithm"]}"\n[problem]\nname = "ackley"\n')
         args = [sys.executable, "-m", "hpcevo", "run", str(cfg), "--set", f"run.name=\"{name}\"", "--set",
-                f"run.out=\"{work / name}\"", "--set", "parallel.share_gpus=true", "--set", "checkpoint.every=25",
+                f"run.out=\"{work / name}\"", "--set", "parallel.share_gpus=true",
+                *([] if any(x.startswith("checkpoint.every=") for x in run["sets"]) else ["--set", "checkpoint.every=25"]),
                 "--set", f"parallel.compile_cache=\"{work / 'cache'}\"", "--quiet"]
         for s in run["sets"]:
             args += ["--set", s]
         args.append("--resume" if run.get("resume") else "--overwrite")
-        p = r.run(args, ranks, timeout=300)
+        p = r.run(args, ranks, timeout=300, extra_env=run.get("env"))
         summary = work / name / "summary.json"
         row = {"algorithm": run["algorithm"], "run": run["run"], "ranks": ranks, "rc": p.returncode}
         if p.returncode == 0 and summary.exists():
@@ -417,14 +439,21 @@ def part_digests(r: Runner, smoke: bool) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     verdict = {}
     for algo in ("cso", "pso", "openes"):
-        full = [x for x in rows if x["algorithm"] == algo and not x["run"].startswith("2 ranks to half")]
+        full = [x for x in rows if x["algorithm"] == algo and not x["run"].startswith("2 ranks to half")
+                and "data trip counts" not in x["run"]]
         digests = {x.get("digest") for x in full}
         verdict[algo] = len(digests) == 1 and None not in digests
     return {"rows": rows, "equal": verdict, "all_equal": all(verdict.values())}
 
 
+def _speed_configs(smoke: bool) -> list:
+    """The rows to measure: HPCEVO_GPU_SPEED_CONFIGS (JSON, [[algorithm, pop, dim], ...]) if set."""
+    given = os.environ.get("HPCEVO_GPU_SPEED_CONFIGS")
+    return json.loads(given) if given else (SMOKE_CONFIGS if smoke else SPEED_CONFIGS)
+
+
 def part_speed(r: Runner, smoke: bool, share: float) -> dict:
-    configs = SMOKE_CONFIGS if smoke else SPEED_CONFIGS
+    configs = _speed_configs(smoke)
     gens, repeats = (5, 2) if smoke else (50, 5)
     budget = max(20.0, r.left() * share)
     return r.worker("speed", json.dumps(configs), str(gens), str(repeats), str(budget), timeout=budget + 180)
@@ -434,6 +463,8 @@ def part_command_buffers(r: Runner, smoke: bool) -> dict:
     if smoke:
         return {"skipped": "GPU only"}
     configs = [(a, 16384, 100) for a in ("cso", "pso", "openes")]
+    if os.environ.get("HPCEVO_GPU_SPEED_CONFIGS"):
+        configs = _speed_configs(smoke)
     budget = max(20.0, r.left() - 60)
     flags = (os.environ.get("XLA_FLAGS", "") + " " + COMMAND_BUFFERS).strip()
     out = r.worker("speed", json.dumps(configs), "50", "5", str(budget), timeout=budget + 120,

@@ -23,6 +23,7 @@ brought back in one transfer; each run is bitwise the run alone, by construction
 from __future__ import annotations
 
 import hashlib
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Protocol
@@ -63,6 +64,33 @@ class Functions(NamedTuple):
 # dispatches also aim at DISPATCH_TARGET_S seconds: policy.next_chunk). 1,024: a dispatch costs the
 # host about 0.3 ms, which at 256 generations of a 10 us step (PSO, pop 64, dim 10) was 12% of it.
 MAX_CHUNK = 1024
+
+# How the loops of a generation and of a dispatch are shaped (``loop_shape``). On a GPU XLA runs a
+# loop whose trip count is data by copying its condition to the host every iteration (5-36 us on
+# an H100/H200, against a PSO generation at pop 16,384 that takes 37 us: docs/gpu.md); a loop of a
+# fixed trip count runs without. So on a GPU the evaluation's loops have fixed trip counts
+# (``parallel.ShardedEvaluator(fixed=True)``) and a dispatch runs its generations in blocks of
+# GPU_BLOCK, each a loop of fixed length whose generations past a stop are computed and dropped
+# (then the rest one at a time): a round trip a block, and at most GPU_BLOCK - 1 generations
+# computed in vain at a run's end. On a CPU the condition costs nothing: loops of data trip
+# counts, as always (and as bits: the two shapes may differ in the last bit, each the same at
+# every rank count).
+GPU_BLOCK = 8
+
+
+def loop_shape(device_kind: str) -> tuple[bool, int]:
+    """(fixed trip counts in the evaluation, generations per block of a dispatch) for ranks of
+    ``device_kind``; ``HPCEVO_LOOPS`` overrides it: "data" (every trip count data, the CPU's
+    default), "fixed" (the GPU's: fixed, blocks of GPU_BLOCK) or "fixed:B" (blocks of B)."""
+    text = os.environ.get("HPCEVO_LOOPS", "").strip().lower()
+    if not text:
+        return (True, GPU_BLOCK) if device_kind == "gpu" else (False, 1)
+    if text == "data":
+        return False, 1
+    kind, _, block = text.partition(":")
+    if kind == "fixed" and (not block or (block.isdigit() and 1 <= int(block) <= MAX_CHUNK)):
+        return True, int(block or GPU_BLOCK)
+    raise UsageError(f"HPCEVO_LOOPS must be 'data', 'fixed' or 'fixed:B' with B in 1..{MAX_CHUNK}, got {text!r}")
 
 
 def rows_used(a: Algorithm, algo: Any, rows: int) -> jax.Array:
@@ -203,10 +231,10 @@ class ReplicatedGeneration:
     compile-time constant, so every rank at every rank count compiles the same program."""
 
     def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
-                 microbatch: int | None, batch_size: int | None, block_invariant: bool = False):
+                 microbatch: int | None, batch_size: int | None, block_invariant: bool = False, fixed: bool = False):
         self.algorithm = algorithm
-        self.first = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size, block_invariant)
-        self.later = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size, block_invariant)
+        self.first = ShardedEvaluator(evaluate, algorithm.num_init, ctx, microbatch, batch_size, block_invariant, fixed)
+        self.later = ShardedEvaluator(evaluate, algorithm.num_ask, ctx, microbatch, batch_size, block_invariant, fixed)
         self.shards = (jnp.asarray(self.first.shard), jnp.asarray(self.later.shard))
         self.microbatches = self.later.k
 
@@ -224,8 +252,9 @@ class ReplicatedGeneration:
 class DistributedESGeneration:
     """A whole ES generation with no rank holding the population (``parallel/es.py``)."""
 
-    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext):
-        self.step = ShardedESStep(algorithm, evaluate, ctx)
+    def __init__(self, algorithm: Algorithm, evaluate: Callable[..., jax.Array], ctx: ParallelContext,
+                 fixed: bool = False):
+        self.step = ShardedESStep(algorithm, evaluate, ctx, fixed)
         self.shards = (jnp.asarray(self.step.shard), jnp.asarray(self.step.shard))
         self.microbatches = self.step.k
 
@@ -263,10 +292,13 @@ class DeviceEngine:
         self.max_chunk = MAX_CHUNK if not trace else max(1, min(MAX_CHUNK, 2**23 // per_generation))
         self.recorder = recorder if recorder is not None else SingleObjective()
         self._with_generation = with_generation
+        # (fixed trip counts, generations per block): the device's, or HPCEVO_LOOPS (loop_shape)
+        self.fixed, self.block = loop_shape(ctx.device_kind)
         if algorithm.distributed:
-            self.generation = DistributedESGeneration(algorithm, evaluate, ctx)
+            self.generation = DistributedESGeneration(algorithm, evaluate, ctx, self.fixed)
         else:
-            self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size, block_invariant)
+            self.generation = ReplicatedGeneration(algorithm, evaluate, ctx, microbatch, batch_size, block_invariant,
+                                                   self.fixed)
         self._evaluate, self._microbatch, self._batch_size = evaluate, microbatch, batch_size
         self._block_invariant = block_invariant
         self._pack: _RowPacking | None = None  # the history's layout, known once _run_chunk is traced
@@ -347,9 +379,29 @@ class DeviceEngine:
                 w = w.at[at].set(s2.best_f)
             return i + 1, spent + used, s2, h, t, w, stalled
 
-        i, _, state, packed, trace, _, _ = lax.while_loop(
-            more, body, (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, pack.empty(MAX_CHUNK), trace,
-                         window, jnp.asarray(False)))
+        start = (jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32), state, pack.empty(MAX_CHUNK), trace,
+                 window, jnp.asarray(False))
+        if self.block == 1:
+            i, _, state, packed, trace, _, _ = lax.while_loop(more, body, start)
+            return state, packed, i, trace  # the host unpacks the history (one transfer per group)
+
+        def masked(_, carry):
+            # A generation past its run's stop (a target, a budget...) is computed and dropped: the
+            # carry keeps its state; the history row it wrote lies past the rows the host reads.
+            go = more(carry)
+            new = body(carry)
+            keep = lambda a, b: jnp.where(go, a, b)  # noqa: E731
+            i, spent, s, h, t, w, stalled = new
+            return (keep(i, carry[0]), keep(spent, carry[1]), jax.tree.map(keep, s, carry[2]), h, t,
+                    keep(w, carry[5]), keep(stalled, carry[6]))
+
+        # Whole blocks while they fit in the dispatch, then what is left one generation an
+        # iteration, by the same body (so with the same bits: a generation's code is one program
+        # wherever it falls); a dispatch of n generations costs n // block + n % block + 1 round
+        # trips and computes in vain only generations past a run's stop.
+        whole = lambda carry: more(carry) & (carry[0] + self.block <= n)  # noqa: E731
+        carry = lax.while_loop(whole, lambda carry: lax.fori_loop(0, self.block, masked, carry), start)
+        i, _, state, packed, trace, _, _ = lax.while_loop(more, lambda carry: masked(0, carry), carry)
         return state, packed, i, trace  # the host unpacks the history (one transfer per group)
 
     def _packing(self, state) -> "_RowPacking":
@@ -386,7 +438,7 @@ class DeviceEngine:
         if n not in self._evaluators:
             later = getattr(self.generation, "later", None)
             self._evaluators[n] = later if later is not None and later.n == n else ShardedEvaluator(
-                self._evaluate, n, self.ctx, self._microbatch, self._batch_size, self._block_invariant)
+                self._evaluate, n, self.ctx, self._microbatch, self._batch_size, self._block_invariant, self.fixed)
         return self._evaluators[n], jnp.asarray(self._evaluators[n].shard)
 
     def ask(self, state: Any, params: Params = None) -> tuple[jax.Array, Any]:

@@ -39,7 +39,7 @@ from ..parallel import ParallelContext, agree_same, agreed, check_replicas, coll
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
 from . import arguments, build
-from .engine import (FINGERPRINT, MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params,
+from .engine import (FINGERPRINT, MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params, loop_shape,
                      state_digest)
 from .host_engine import HostEngine
 from .recording import recorder_for
@@ -654,7 +654,8 @@ def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, 
     # instances.
     with_data = getattr(problem, "program_data", None) is not None
     program = problem.program if with_data else problem
-    key = (_static_part(algorithm), program, ctx, microbatch, batch_size, _recorder_key(recorder), trace)
+    key = (_static_part(algorithm), program, ctx, microbatch, batch_size, _recorder_key(recorder), trace,
+           loop_shape(ctx.device_kind))
     for i, (k, engine) in enumerate(_ENGINES):
         if _same(k, key):
             _ENGINES.append(_ENGINES.pop(i))

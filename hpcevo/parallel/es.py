@@ -61,8 +61,10 @@ class ShardedESStep:
     best-so-far tracking.
     """
 
-    def __init__(self, algorithm, fn: Callable[..., jax.Array], ctx: ParallelContext):
+    def __init__(self, algorithm, fn: Callable[..., jax.Array], ctx: ParallelContext, fixed: bool = False):
         self.algorithm, self.fn, self.ctx = algorithm, fn, ctx
+        # fixed: both loops run ``slots`` blocks on every rank (evaluate.py, ShardedEvaluator)
+        self.fixed = fixed
         self.units = algorithm.units
         self.b = algorithm.block_rows
         self.k = -(-self.units // self.b)
@@ -74,6 +76,9 @@ class ShardedESStep:
         ``algorithm``: the one built with (an equal one whose hyper-parameters are traced)."""
         a, b, k, units = algorithm if algorithm is not None else self.algorithm, self.b, self.k, self.units
         c = a.copies
+        # Past a rank's own blocks (fixed trip counts, an uneven split) j names no block: its
+        # results fill slots the reordering drops.
+        count = self.slots if self.fixed else shard[1]
         dtype = jnp.dtype(a.dtype)
         state, key = a.split_key(state)
 
@@ -83,7 +88,7 @@ class ShardedESStep:
             f = self.fn(x, *args).astype(dtype).reshape(c, b)
             return lax.dynamic_update_index_in_dim(out, f, i, 0)
 
-        f = lax.fori_loop(0, shard[1], evaluate, jnp.zeros((self.slots, c, b), dtype))
+        f = lax.fori_loop(0, count, evaluate, jnp.zeros((self.slots, c, b), dtype))
         raw = gather_slots(f, self.order, self.ctx).transpose(1, 0, 2)  # (c, k, b)
         raw = raw.reshape(c, k * b)[:, :units].reshape(c * units)
         w = a.weights(state, jnp.where(jnp.isfinite(raw), raw, jnp.inf))
@@ -96,6 +101,6 @@ class ShardedESStep:
             p = a.partial(state, a.block_noise(key, j), w[j])
             return lax.dynamic_update_index_in_dim(out, p, i, 0)
 
-        partials = lax.fori_loop(0, shard[1], accumulate, jnp.zeros((self.slots, *shape), dtype))
+        partials = lax.fori_loop(0, count, accumulate, jnp.zeros((self.slots, *shape), dtype))
         new = a.apply(state, a.combine(gather_slots(partials, self.order, self.ctx)))
         return new, raw, lambda i: a.candidate(state, key, i)

@@ -43,9 +43,9 @@ from .context import ParallelContext
 # ranks, and no fewer than 8 rows so the loop overhead stays small. Depends on n only.
 MAX_MICROBATCHES = 64
 MIN_MICROBATCH = 8
-# On a GPU each micro-batch costs a host round trip (XLA runs a loop whose trip count is data by
-# copying its condition to the host every iteration) and a few kernel launches: 20 to 36 us on an
-# H200 with jax 0.11.2, where a 128-row Ackley block takes a few. Measured (CSO, Ackley, dim 100,
+# On a GPU each micro-batch cost a host round trip (XLA ran the loop, whose trip count was data,
+# by copying its condition to the host every iteration; now fixed, below) and a few kernel
+# launches: 20 to 36 us on an H200 with jax 0.11.2, where a 128-row Ackley block takes a few. Measured (CSO, Ackley, dim 100,
 # one rank, ms per generation against the bare step's): pop 16,384 in 64 micro-batches 2.45 ms, in
 # 8 1.37, in 1 1.26 (bare 1.04); pop 262,144 in 64 21.3, in 8 19.3 (bare 18.8); docs/gpu.md. So
 # a GPU rank takes blocks of at least GPU_MICROBATCH rows, and at most GPU_MAX_MICROBATCHES of them
@@ -53,6 +53,12 @@ MIN_MICROBATCH = 8
 # gives the same bits at any rank count on GPUs, as on CPUs (a GPU's bits differ from a CPU's).
 GPU_MICROBATCH = 2048
 GPU_MAX_MICROBATCHES = 16
+# Loops of a fixed trip count (``fixed=True``): every rank runs ``slots`` micro-batches (the
+# most any rank owns; past its own count, a block evaluated and dropped by the reordering, work
+# an uneven split's busiest rank does anyway) and the one-call evaluation has no loop at all. XLA
+# on a GPU then runs the loop without copying its condition to the host each iteration (its
+# while thunk skips the condition when the trip count is known); a CPU gains nothing from it,
+# so there the trip count stays data (``driver/engine.py``, ``loop_shape``).
 
 
 def microbatch_rows(n: int, requested: int | None = None, device: str = "cpu") -> int:
@@ -128,8 +134,9 @@ class ShardedEvaluator:
     multi-objective problem, (n, m); the result is replicated."""
 
     def __init__(self, fn: Callable[..., jax.Array], n: int, ctx: ParallelContext,
-                 microbatch: int | None = None, batch_size: int | None = None, block_invariant: bool = False):
-        self.fn, self.n, self.ctx = fn, n, ctx
+                 microbatch: int | None = None, batch_size: int | None = None, block_invariant: bool = False,
+                 fixed: bool = False):
+        self.fn, self.n, self.ctx, self.fixed = fn, n, ctx, fixed
         self.mb = microbatch_rows(n, microbatch, ctx.device_kind)
         self.k = -(-n // self.mb)
         self.shard = np.asarray(shard_of(n, self.mb, ctx.size, ctx.rank), np.int32)
@@ -173,6 +180,12 @@ class ShardedEvaluator:
         size = self.slots * self.mb
         dtype = candidates.dtype
         start = shard[0] * self.mb
+        if self.fixed:
+            # No loop: the barriers keep the block and its fitness pieces of their own (the
+            # ask not fused into the block), as the loop's buffers do; one rank, so no slice.
+            block = lax.optimization_barrier(lax.dynamic_slice_in_dim(candidates, start, size))
+            out = lax.optimization_barrier(self.fn(block, *args).astype(dtype))
+            return out.reshape(self.slots, self.mb, *per_row)
 
         def body(i, carry):
             # The next block is fetched as ``blockwise`` does (never used: one pass), so that the
@@ -210,7 +223,7 @@ class ShardedEvaluator:
             mine = self._whole(candidates, shard, args, per_row)
         else:
             batches = candidates.reshape(k, mb, candidates.shape[1])
-            count = shard[1]
+            count = self.slots if self.fixed else shard[1]
             if used is not None:  # this rank's micro-batches that hold used rows
                 count = jnp.clip((used + mb - 1) // mb - shard[0], 0, shard[1])
             mine = blockwise(lambda x: self._micro(x, args).astype(dtype), batches, shard[0], count,
