@@ -45,9 +45,10 @@ MAX_MICROBATCHES = 64
 MIN_MICROBATCH = 8
 # On a GPU each micro-batch cost a host round trip (XLA ran the loop, whose trip count was data,
 # by copying its condition to the host every iteration; now fixed, below) and a few kernel
-# launches: 20 to 36 us on an H200 with jax 0.11.2, where a 128-row Ackley block takes a few. Measured (CSO, Ackley, dim 100,
-# one rank, ms per generation against the bare step's): pop 16,384 in 64 micro-batches 2.45 ms, in
-# 8 1.37, in 1 1.26 (bare 1.04); pop 262,144 in 64 21.3, in 8 19.3 (bare 18.8); docs/gpu.md. So
+# launches: 20 to 36 us on an H200 with jax 0.11.2, where a 128-row Ackley block takes a few.
+# Measured (CSO, Ackley, dim 100, one rank, ms per generation against the bare step's): pop
+# 16,384 in 64 micro-batches 2.45 ms, in 8 1.37, in 1 1.26 (bare 1.04); pop 262,144 in 64 21.3,
+# in 8 19.3 (bare 18.8); docs/gpu.md. So
 # a GPU rank takes blocks of at least GPU_MICROBATCH rows, and at most GPU_MAX_MICROBATCHES of them
 # (enough to give 16 GPUs work at large populations). Still a function of n alone: the same seed
 # gives the same bits at any rank count on GPUs, as on CPUs (a GPU's bits differ from a CPU's).
