@@ -69,6 +69,44 @@ def test_shards_side_by_side_run_every_test_once_and_fail_when_one_shard_fails(t
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # four pytest processes start
+def test_groups_apart_run_side_by_side_each_its_own_selection_and_profile_and_any_failure_fails(tmp_path):
+    """`run_shards.py apart`: the nodes and slurm tiers in one CTest test. Each +NAME group runs
+    the common arguments and its own, writes its profile as pass NAME, and a failure in any
+    group (the second one included) is the exit status."""
+    (tmp_path / "fail_one.py").write_text(
+        "import os\n"
+        "def pytest_runtest_call(item):\n"
+        "    if item.name == os.environ.get('FAIL_TEST'):\n"
+        "        raise AssertionError('failed on purpose')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HPCEVO_TEST_PASS",)}
+    env.update(PYTHONPATH=str(tmp_path), HPCEVO_TEST_PROFILE=str(tmp_path / "profile"))
+
+    def apart(fail: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "tests/run_shards.py", "apart", "-q", "-p", "no:cacheprovider",
+                               "-p", "fail_one", "-m", "single_process", "+one", "tests/test_model.py",
+                               "+two", "tests/test_plotting.py"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**env, "FAIL_TEST": fail})
+
+    ok = apart("")
+    assert ok.returncode == 0, ok.stdout[-3000:]
+    assert "----- one: exit 0" in ok.stdout and "----- two: exit 0" in ok.stdout
+    model, plotting = (ids(collected(f)) for f in ("--deselect=tests/test_plotting.py",
+                                                     "--deselect=tests/test_model.py"))
+    for name, want in (("one", model), ("two", plotting)):
+        recs = [json.loads(x) for x in (tmp_path / "profile" / f"np1-{name}.jsonl").read_text().splitlines()]
+        assert sorted(r["test"] for r in recs) == sorted(want)  # its own selection, every test once
+    bad = apart("test_collective_formulas")  # a test of test_model.py: the first group fails
+    assert bad.returncode == 1 and "----- one: exit 1" in bad.stdout and "----- two: exit 0" in bad.stdout
+    plot_test = plotting[0].split("::")[-1].split("[")[0]
+    bad = apart(plot_test)  # the second group's failure counts as well
+    assert bad.returncode == 1 and "----- two: exit 1" in bad.stdout, bad.stdout[-3000:]
+    usage = subprocess.run([sys.executable, "tests/run_shards.py", "apart", "-q", "+only", "tests/test_model.py"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+@pytest.mark.single_process
 def test_the_profile_table_adds_up_the_records_per_file_and_tier(tmp_path):
     prof = tmp_path / "profile"
     prof.mkdir()
