@@ -39,6 +39,18 @@ def test_a_run_or_study_directory_that_is_a_file_is_one_message(tmp_path):
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+def test_a_study_whose_runs_have_no_problem_is_refused_before_any_run_starts(tmp_path):
+    """Found 2026-11-27: a study file without problem.name (or without an algorithm) passed the
+    study's checks (a run config may take them from Python) and every run started and failed,
+    exit 5, a journal written. Nothing comes from Python in a study: exit 2, one line, nothing written."""
+    (tmp_path / "s.toml").write_text('[study]\nseeds = 2\nout = "out"\n[base]\nrun.generations = 3\n'
+                                     'problem.dim = 3\n[[axis]]\nkey = "algorithm.name"\nvalues = ["cso", "pso"]\n')
+    r = cli("study", "run", "s.toml", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "missing required key 'problem.name'" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("seeds", ["0..100000000000", 10**12])
 def test_a_seed_range_too_large_to_hold_is_one_message(seeds):
     spec = {"study": {"seeds": seeds}, "base": {"run": {"generations": 3}, "algorithm": {"name": "pso"},

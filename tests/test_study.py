@@ -259,6 +259,11 @@ def test_axes_and_zip_tables_are_shorthands_for_axes():
     ({"axis": [{"key": "algorithm.name", "values": ["cso", "dee"]}]}, "did you mean 'de'", "algorithm.name"),
     ({"studdy": {}}, "unknown key 'studdy'", "studdy"),
     ({"base": "no/such/base.toml"}, "base config 'no/such/base.toml' not found", "base"),
+    # nothing comes from Python in a study: no problem or algorithm is every run failing, one by one
+    ({"base": {"algorithm": {"name": "cso"}, "problem": {"dim": 3}}}, "run 'cso__problem__s0': missing required "
+     "key 'problem.name'", "problem.name"),
+    ({"base": {"problem": {"name": "sphere"}}, "axis": [{"key": "problem.dim", "values": [3, 4]}]},
+     "run 'config__dim3__s0': missing required key 'algorithm'", "algorithm"),
 ])
 def test_a_bad_study_is_one_message_naming_the_run_and_the_key(change, message, key):
     data = {"study": {"seeds": 1}, "base": {"algorithm": {"name": "cso"}, "problem": {"name": "sphere", "dim": 3}},

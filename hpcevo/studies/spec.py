@@ -483,6 +483,7 @@ def check_runs(study: Study) -> None:
         programs.setdefault(build.program_key(cfg), []).append((run, cfg))
     for runs in programs.values():
         try:
+            _built_from_the_config_alone(runs[0][1])
             problem = build.check(runs[0][1])
         except ConfigError as e:
             others = f" (and {len(runs) - 1} more run{'s' if len(runs) > 2 else ''} of the same config)" if len(
@@ -491,3 +492,15 @@ def check_runs(study: Study) -> None:
         if problem is not None:  # the rules across keys, which settings outside the program change
             for _, cfg in runs[1:]:
                 rules.check(cfg, problem)
+
+
+def _built_from_the_config_alone(cfg: RunConfig) -> None:
+    """A run config may leave the algorithm or the problem to Python (``hpcevo.run(...,
+    problem=f)``), and ``build.check`` then passes it; a study's runs are built from their
+    configs alone, so without them every run would start and fail, one by one."""
+    if cfg.algorithm is None:
+        raise ConfigError(f"{cfg.source}: missing required key 'algorithm' (a table with name and pop_size, in "
+                          "the study's base or set by an axis)", "algorithm")
+    if cfg.problem.name is None:
+        raise ConfigError(f"{cfg.source}: missing required key 'problem.name' (in the study's base or set by an "
+                          "axis)", "problem.name")
