@@ -321,6 +321,15 @@ def test_runs_of_one_program_are_spread_so_that_groups_compile_different_program
     started = [e["run"] for e in read_events(study.out) if e.get("event") == "start"]
     assert started == [f"cmaes__{f}-{d}-{i}__s{seed}" for d in ("d3", "d2") for f in ("f1", "f8")
                        for i in ("i1", "i2") for seed in (0, 1)]
+    # Each run's start-up is its own (issue 41; before, every run of a process reported the
+    # process's first run's phases): a later run's setup, compile and first generation, counted
+    # from its own start, so within the wall time the journal gives that run.
+    walls = {e["run"]: e["wall_s"] for e in read_events(study.out) if e.get("event") == "end"}
+    for name in started[1:]:
+        s = json.loads((study.out / "runs" / name / "summary.json").read_text())
+        assert set(s["startup_s"]) == {"setup", "compile", "first_generation", "total"}, (name, s["startup_s"])
+        assert s["startup_s"]["total"] <= walls[name] and s["startup_s"]["compile"] <= s["compile_s"] + 0.05, (
+            name, s["startup_s"], s["compile_s"], walls[name])
 
 
 @pytest.mark.single_process

@@ -122,6 +122,7 @@ def execute(ctx: ParallelContext, cfg: RunConfig, held: Held = Held(), options: 
     observers and stop criteria at log boundaries (``hpcevo.hooks``); a criterion that ends the
     run makes it "complete" early, with ``stopped_by`` in the summary.
     """
+    startup.begin_run()
     with build.jax_mode(cfg):
         return _execute(ctx, cfg, held, options, hooks)
 
