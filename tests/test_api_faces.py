@@ -128,6 +128,7 @@ def error_of(r: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_cli_errors_name_the_flags_not_the_arguments(tmp_path):
     data = small_config(tmp_path / "r")
     path = tmp_path / "c.toml"

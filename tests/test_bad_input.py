@@ -57,6 +57,7 @@ def write(tmp: Path, data: bytes | str, name: str = "c.toml") -> Path:
     MINIMAL.encode("utf-16"),  # another encoding
     b"# caf\xe9: one Latin-1 byte in a comment\n" + MINIMAL.encode(),
 ], ids=["random-bytes", "utf-16", "latin-1-comment"])
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_a_config_that_is_not_utf8(tmp_path, content):
     path = write(tmp_path, content)
     one_error(cli("run", str(path)), "c.toml", "not UTF-8")
@@ -70,6 +71,7 @@ def test_a_config_that_is_not_utf8(tmp_path, content):
     ("run.generations=4294967296", "run.generations"),
     ("problem.dim=99999999999", "problem.dim"),
 ], ids=["pop", "generations-2**64", "generations-2**32", "dim"])
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_integers_too_large_to_use(tmp_path, override, key):
     path = write(tmp_path, MINIMAL)
     one_error(cli("run", str(path), "--set", override), key, "less than or equal to 2147483647")
@@ -136,6 +138,7 @@ def test_resume_of_a_config_file_says_what_to_type(tmp_path):
     one_error(cli("resume", str(path)), "takes a run directory", f"hpcevo run {path} --resume")
 
 
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_argument_errors_carry_the_prefix_once():
     one_error(cli("run"), "run: the following arguments are required: config")
     one_error(cli("bogus"), "invalid choice")
@@ -160,10 +163,12 @@ def test_max_requeues_message():
     (["--pop", "100", "--eval-ms", "1", "--bandwidth-gbs", "0"], "--bandwidth-gbs"),
     (["--pop", "100", "--eval-ms", "1", "--ranks", "0"], "--ranks"),
 ], ids=["pop0", "all-zero", "nan", "bandwidth0", "ranks0"])
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_model_with_zero_or_nan_inputs(args, needle):
     one_error(cli("model", *args), needle)
 
 
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_offline_tools_speak_once_per_job_under_a_launcher(tmp_path):
     """`jobs` and `model` need no MPI, but a user may start them with mpiexec: one message."""
     r = cli("model", "--pop", "0", "--eval-ms", "1", n=3)
@@ -174,6 +179,7 @@ def test_offline_tools_speak_once_per_job_under_a_launcher(tmp_path):
 
 
 # -- run directories and their files -------------------------------------------------------------
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_plot_of_a_damaged_metrics_file(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -187,6 +193,7 @@ def test_plot_of_a_damaged_metrics_file(tmp_path):
     one_error(cli("plot", str(run)), "metrics.jsonl", "damaged")
 
 
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_a_second_run_of_the_same_config_names_resume_and_overwrite(tmp_path):
     path = write(tmp_path, MINIMAL + '\n[run]\ngenerations = 2\n')
     assert cli("run", str(path), "-q", cwd=tmp_path).returncode == 0
@@ -244,6 +251,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("summary", ["{}", "[]", "not json", '{"generations": "x", "best_fitness": [1]}',
                                      b"\xff\xfe\x00"], ids=["empty", "list", "text", "types", "bytes"])
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_inspect_of_a_damaged_summary(tmp_path, finished_run, summary):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -258,6 +266,7 @@ def test_inspect_of_a_damaged_summary(tmp_path, finished_run, summary):
 
 @pytest.mark.parametrize("config", [b"\x00\x01garbage", b"run = 5\nalgorithm = [1, 2]\n", b"[run]\nname = 7\n"],
                          ids=["bytes", "types", "name-type"])
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_inspect_and_open_run_of_a_damaged_config(tmp_path, finished_run, config):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
@@ -271,6 +280,7 @@ def test_inspect_and_open_run_of_a_damaged_config(tmp_path, finished_run, config
         assert "config.toml" in str(e)
 
 
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_unknown_islands_key_lists_the_valid_ones(tmp_path):
     path = write(tmp_path, MINIMAL + "\n[islands]\ncuont = 4\n")
     msg = one_error(cli("run", str(path)), "unknown key 'islands.cuont'; did you mean 'count'?")

@@ -106,6 +106,7 @@ def _cocopp_datasets(folder: Path):
 
 
 @pytest.mark.ranks(1, 2)
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_cocopp_reads_a_run_with_the_runs_own_numbers(ctx, shared_tmp):
     cfg = config(shared_tmp / "run", generations=60, run={"target_precision": 1e-6})
     summary = hpcevo.run(cfg, quiet=True, ctx=ctx).summary

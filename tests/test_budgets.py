@@ -175,6 +175,7 @@ def test_bipop_regimes_follow_pycmas_rules():
 
 # -- CMA-ES's defaults and x0 ---------------------------------------------------------------------
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_cmaes_population_defaults_to_the_documented_lambda(tmp_path):
     for dim, restart, pop in [(2, "none", 6), (10, "none", 10), (40, "none", 15), (10, "ipop", 10 * 512),
                               (10, "bipop", 10 * 512)]:
@@ -240,6 +241,7 @@ def test_every_evaluation_failing_is_an_error_with_the_cure(tmp_path):
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_every_evaluation_failing_exits_2_from_the_cli(tmp_path):
     (tmp_path / "f.py").write_text("import numpy as np\ndef f(x):\n    return float(np.sum(np.asarray(x) ** 2, axis=0).item())\n")
     (tmp_path / "c.toml").write_text(f'[run]\nname = "c"\ngenerations = 3\nout = "{tmp_path / "r"}"\n'

@@ -194,6 +194,7 @@ cocopp.main(["--tab-only", "-o", out, folder])
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_cocopp_reads_the_data(tmp_path):
     """cocopp's DataSetList gives, per instance, the evaluations to reach each target, the final
     best f - fopt and the evaluations of the written sequences; cocopp.main processes the folder

@@ -203,6 +203,7 @@ def test_a_collective_called_from_a_rank_0_hook_raises_at_once_with_the_cure(ctx
 
 
 @pytest.mark.ranks(2, 3)
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_a_hook_that_takes_long_once_does_not_end_a_healthy_run(ctx, shared_tmp):
     """The watchdog's boundary limit (fault.min_seconds = 1 s here) is for hpcevo's own work; a
     rank-0 hook that takes 3 s once (an upload, a plot) is the user's, and the run goes on (it

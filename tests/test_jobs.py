@@ -478,6 +478,7 @@ def test_job_takes_rank_0s_exit_code_when_the_launcher_reports_0(tmp_path):
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_cli_records_its_exit_code_where_a_job_script_asks(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[algorithm]\nname = "nope"\n')

@@ -209,6 +209,7 @@ def test_error_with_stranded_after_reaches_all_when_everyone_arrives(ctx):
     assert agree_on_error(ctx, None, stranded_after=60.0) is None
 
 
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_rank_with_an_error_gives_up_on_ranks_that_never_arrive(ctx):
     """The other ranks are held elsewhere (as inside HDF5's own collective) past the deadline: the
     rank with the error returns it marked stranded instead of waiting for them forever."""

@@ -94,6 +94,7 @@ def test_rerun_changed_starts_the_changed_runs_again_and_equals_a_study_run_anew
 
 
 @pytest.mark.single_process
+@pytest.mark.slow  # (out of the quick tier: CLI processes / waits; the full suite runs it)
 def test_the_cli_names_the_key_and_takes_rerun_changed(tmp_path):
     f = tmp_path / "s.toml"
     f.write_text(f'[study]\nseeds = 1\nout = "{tmp_path / "s"}"\n[base]\nrun.generations = 4\n'
