@@ -126,8 +126,29 @@ def gather_slots(mine: jax.Array, order: np.ndarray, ctx: ParallelContext) -> ja
         return lax.optimization_barrier(mine).reshape(-1, *mine.shape[1:])[: len(order)]
     import mpi4jax  # here, not at import: microbatch_rows and shard_of need no MPI
 
+    _allgather_batches()
     everyone = mpi4jax.allgather(mine, comm=ctx.comm_jax)
     return everyone.reshape(-1, *mine.shape[1:])[order]
+
+
+def _allgather_batches() -> None:
+    """Teach ``jax.vmap`` mpi4jax's allgather (mpi4jax 0.9 has no batching rule for it), so that a
+    user's ``jax.vmap`` over ``Loop.functions()`` (many runs, seeds or hyper-parameters, in one
+    program) works at any rank count, not only at one, where there is no collective. A batched
+    operand is gathered whole, batch axis first, one collective for all: (B, ...) on each rank
+    -> (size, B, ...) -> (B, size, ...); every rank must batch alike, as every rank runs the same
+    program. A batching rule mpi4jax brings itself is left in place."""
+    from jax.interpreters import batching
+    from mpi4jax._src.collective_ops.allgather import mpi_allgather_p
+
+    if mpi_allgather_p in batching.fancy_primitive_batchers:  # (where ``primitive_batchers[p] = ...`` lands)
+        return
+
+    def rule(args, dims, *, comm):
+        (x,), (d,) = args, dims
+        return mpi_allgather_p.bind(jnp.moveaxis(x, d, 0), comm=comm), 1
+
+    batching.primitive_batchers[mpi_allgather_p] = rule
 
 
 class ShardedEvaluator:
