@@ -1,4 +1,4 @@
-"""Many small runs: one at a time, as one ``hpcevo.Batch``, and as evosax's users batch them.
+"""Many small runs: one at a time, as one ``hpcevo.Batch``, vmapped, and as evosax's users batch them.
 
     python -m benchmarks.batch                      # the campaign sizes below, K = 256 runs
     python -m benchmarks.batch --runs 64 --generations 100 --only cmaes
@@ -13,6 +13,10 @@ binding: AVX2), compilation excluded (every side runs once first), rounds altern
   script, or a study today, does per run);
 - **hpcevo.Batch**: the same K loops, ``Batch(loops).advance(G)``: every run's chunk dispatched
   back to back, one wait for all, each run bitwise the run alone (it runs the run alone's programs);
+- **hpcevo vmap**: ``jax.vmap`` over ``Loop.functions()`` (the K loops' states and dynamic
+  hyper-parameters stacked) inside one jitted ``lax.scan``, as an evosax user batches runs; works at
+  any rank count with the same bits (its history rows kept; a lane is not promised to equal its
+  run alone);
 - **evosax vmap** (0.3, where it has the algorithm): ``jax.vmap`` of its ``ask -> evaluate -> tell``
   over K keys inside one jitted ``lax.scan`` (vectorised over the runs; no run equals its run
   alone, no history, no budgets, no checkpoints).
@@ -35,7 +39,18 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # (algorithm, pop, dim): a BBOB campaign's kind of run (pycma's default lambda at dim 5 is 8)
-ROWS = [("cmaes", 8, 5), ("cmaes", 12, 20), ("pso", 32, 10), ("de", 32, 10), ("openes", 16, 10), ("snes", 16, 10)]
+ROWS = [("cmaes", 8, 5), ("cmaes", 12, 20), ("pso", 32, 10), ("pso-per_particle", 32, 10), ("de", 32, 10),
+        ("openes", 16, 10), ("snes", 16, 10)]
+
+
+def make(name: str, pop: int, dim: int):
+    """hpcevo's algorithm of a row: ``pso-per_particle`` is PSO drawing its coefficients per
+    particle, as evosax's PSO does (hpcevo's default draws them per coordinate, as the papers)."""
+    from hpcevo.algorithms import ALGORITHMS
+
+    algo, _, coefficients = name.partition("-")
+    extra = {"coefficients": coefficients} if coefficients else {}
+    return ALGORITHMS[algo](pop_size=pop, dim=dim, lb=(-5.12,) * dim, ub=(5.12,) * dim, **extra)
 
 
 def rastrigin(x):
@@ -47,9 +62,8 @@ def rastrigin(x):
 
 def hpcevo_sides(ctx, name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
     import hpcevo
-    from hpcevo.algorithms import ALGORITHMS
 
-    algorithm = ALGORITHMS[name](pop_size=pop, dim=dim, lb=(-5.12,) * dim, ub=(5.12,) * dim)
+    algorithm = make(name, pop, dim)
     alone = [hpcevo.Loop(algorithm, rastrigin, ctx, compile_cache="off") for _ in range(runs)]
     together = [hpcevo.Loop(algorithm, rastrigin, ctx, compile_cache="off") for _ in range(runs)]
     for j, loop in enumerate(alone):
@@ -69,6 +83,40 @@ def hpcevo_sides(ctx, name: str, pop: int, dim: int, runs: int, gens: int) -> di
     return {"one at a time": one_at_a_time, "hpcevo.Batch": batched}
 
 
+def hpcevo_vmap_side(ctx, name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
+    """``jax.vmap`` over ``Loop.functions()``, as an evosax user batches runs: the K loops' states
+    stacked, one jitted scan of G generations for all (history rows kept, as a Loop keeps them)."""
+    import jax
+    import jax.numpy as jnp
+
+    import hpcevo
+
+    algorithm = make(name, pop, dim)
+    loops = [hpcevo.Loop(algorithm, rastrigin, ctx, compile_cache="off").init(j) for j in range(runs)]
+    ask, evaluate, tell, row = loops[0].functions()
+
+    def stack(*trees):
+        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+    params = stack(*[loop.params_data() for loop in loops])
+
+    @jax.jit
+    @jax.vmap
+    def generations(state, p):
+        def body(s, _):
+            x, algo = ask(s, p)
+            s2 = tell(s, x, algo, evaluate(x), p)
+            return s2, row(s, s2)
+        return jax.lax.scan(body, state, None, length=gens)
+
+    box = {"s": stack(*[loop.state for loop in loops])}
+
+    def go():
+        box["s"] = jax.block_until_ready(generations(box["s"], params)[0])
+    go()
+    return {"hpcevo vmap": go}
+
+
 def evosax_side(name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
     try:
         from evosax import algorithms as ev
@@ -77,7 +125,7 @@ def evosax_side(name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    cls = {"pso": ev.PSO, "de": ev.DifferentialEvolution, "cmaes": ev.CMA_ES, "openes": ev.Open_ES,
+    cls = {"pso": ev.PSO, "pso-per_particle": ev.PSO, "de": ev.DifferentialEvolution, "cmaes": ev.CMA_ES, "openes": ev.Open_ES,
            "snes": ev.SNES}.get(name)
     if cls is None:
         return {}
@@ -86,7 +134,7 @@ def evosax_side(name: str, pop: int, dim: int, runs: int, gens: int) -> dict:
 
     def init(key):
         k_init, k_x = jax.random.split(key)
-        if name in ("pso", "de"):
+        if name.split("-")[0] in ("pso", "de"):
             x0 = jax.random.uniform(k_x, (pop, dim), jnp.float32, -5.12, 5.12)
             return es.init(k_init, x0, rastrigin(x0), params)
         return es.init(k_init, jax.random.uniform(k_x, (dim,), jnp.float32, -5.12, 5.12), params)
@@ -127,11 +175,12 @@ def main(argv=None) -> int:
     ctx = bind(discover(), device=args.device, threads=1)
     import jax
 
-    rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",")]
+    rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",") or r[0].split("-")[0] in args.only.split(",")]
     samples: dict[str, dict[str, list[float]]] = {}
     for name, pop, dim in rows:
         key = f"{name} pop {pop} dim {dim}"
         sides = {**hpcevo_sides(ctx, name, pop, dim, args.runs, args.generations),
+                 **hpcevo_vmap_side(ctx, name, pop, dim, args.runs, args.generations),
                  **evosax_side(name, pop, dim, args.runs, args.generations)}
         got = samples[key] = {side: [] for side in sides}
         for r in range(args.repeats):
@@ -142,14 +191,16 @@ def main(argv=None) -> int:
                 got[side].append(args.runs * args.generations / (time.perf_counter() - t))
         print(f"{key}: " + ", ".join(f"{s} {statistics.median(v):,.0f}" for s, v in got.items()), flush=True)
 
-    head = f"{'row':24s} {'one at a time':>14s} {'hpcevo.Batch':>13s} {'evosax vmap':>12s} {'Batch/one':>10s} {'evosax/Batch':>13s}"
+    head = (f"{'row':32s} {'one at a time':>14s} {'hpcevo.Batch':>13s} {'hpcevo vmap':>12s} {'evosax vmap':>12s} "
+            f"{'Batch/one':>10s} {'evosax/Batch':>13s} {'evosax/vmap':>12s}")
     print(f"\nrun-generations per second (K = {args.runs} runs x {args.generations} generations, medians of "
           f"{args.repeats}; one XLA thread)\n{head}\n" + "-" * len(head))
     for key, got in samples.items():
         med = {s: statistics.median(v) for s, v in got.items()}
-        one, batch, ev = med["one at a time"], med["hpcevo.Batch"], med.get("evosax vmap")
-        ev_text, ratio = (f"{ev:,.0f}", f"{ev / batch:.2f}x") if ev else ("-", "-")
-        print(f"{key:24s} {one:14,.0f} {batch:13,.0f} {ev_text:>12s} {batch / one:9.1f}x {ratio:>13s}")
+        one, batch, vm, ev = med["one at a time"], med["hpcevo.Batch"], med["hpcevo vmap"], med.get("evosax vmap")
+        ev_text, ratio, vm_ratio = (f"{ev:,.0f}", f"{ev / batch:.2f}x", f"{ev / vm:.2f}x") if ev else ("-", "-", "-")
+        print(f"{key:32s} {one:14,.0f} {batch:13,.0f} {vm:12,.0f} {ev_text:>12s} {batch / one:9.1f}x {ratio:>13s} "
+              f"{vm_ratio:>12s}")
     out = Path(args.out or HERE / "results" / f"batch-{datetime.now():%Y%m%d-%H%M}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"runs": args.runs, "generations": args.generations, "repeats": args.repeats,
