@@ -119,21 +119,25 @@ def test_ask_tell_misuse_raises_on_every_rank(ctx):
         hpcevo.Loop(build(OpenES, distributed=True, block=8), RASTRIGIN, ctx).init(0).ask()
 
 
-def test_functions_in_the_users_own_jitted_scan_equal_advance(ctx):
-    algorithm = build(PSO)
-    a = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2).advance(7)
-    loop = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2)
-    ask, evaluate, tell, row = loop.functions()
+def scanned(functions, length: int):
+    """``(state, params) -> (state, history rows)``: ``length`` generations of ``Loop.functions()``
+    in a ``lax.scan``, as a user writes it."""
+    ask, evaluate, tell, row = functions
 
-    @jax.jit
     def generations(state, params):
         def body(s, _):
             x, algo = ask(s, params)
             s2 = tell(s, x, algo, evaluate(x), params)
             return s2, row(s, s2)
-        return jax.lax.scan(body, state, None, length=7)
+        return jax.lax.scan(body, state, None, length=length)
+    return generations
 
-    state, history = generations(loop.state, loop.params_data())
+
+def test_functions_in_the_users_own_jitted_scan_equal_advance(ctx):
+    algorithm = build(PSO)
+    a = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2).advance(7)
+    loop = hpcevo.Loop(algorithm, RASTRIGIN, ctx).init(2)
+    state, history = jax.jit(scanned(loop.functions(), 7))(loop.state, loop.params_data())
     loop.adopt(state, history)
     assert loop.generation == 8 and loop.digest() == a.digest()
     for k, v in a.history.items():
@@ -162,21 +166,12 @@ def test_jax_vmap_over_the_functions_runs_many_seeds_and_hyper_parameters_alike_
 
     def lanes(c):
         loops = [hpcevo.Loop(algorithm, problem, c).init(s) for s in seeds]
-        ask, evaluate, tell, row = loops[0].functions()
         params = [loop.params_data() for loop in loops]
         if vary[1] is not None:
             params = [{**p, vary[0]: jnp.asarray(v, p[vary[0]].dtype)} for p, v in zip(params, vary[1])]
         stack = lambda *xs: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)  # noqa: E731
 
-        @jax.jit
-        @jax.vmap
-        def generations(state, p):
-            def body(s, _):
-                x, algo = ask(s, p)
-                s2 = tell(s, x, algo, evaluate(x), p)
-                return s2, row(s, s2)
-            return jax.lax.scan(body, state, None, length=6)
-
+        generations = jax.jit(jax.vmap(scanned(loops[0].functions(), 6)))
         states, history = generations(stack(*[loop.state for loop in loops]), stack(*params))
         leaves = jax.tree_util.tree_leaves((states, history))
         assert all(a.shape[0] == len(seeds) for a in leaves)
