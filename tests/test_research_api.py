@@ -152,6 +152,7 @@ def plain_user_function(x):
 
 
 @pytest.mark.slow  # (two vmapped scans compiled per pass)
+@pytest.mark.ranks(1, 3)  # the collective's batching is the subject: 3 is an uneven split (2 adds nothing)
 @pytest.mark.parametrize("name, problem", [("pso", plain_user_function), ("cmaes", RASTRIGIN)])
 def test_jax_vmap_over_the_functions_runs_many_seeds_and_hyper_parameters_alike_at_any_rank_count(
         ctx, references, request, name, problem):
