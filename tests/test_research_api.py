@@ -148,7 +148,22 @@ def test_functions_in_the_users_own_jitted_scan_equal_advance(ctx):
 
 def plain_user_function(x):
     """As a user writes it: its rows' values may depend on the block (not declared invariant)."""
-    return jnp.mean(x * x, axis=-1) + jnp.sin(3.0 * x[..., 0])
+    return jnp.mean(x * x - 3.0 * jnp.cos(2.0 * jnp.pi * x), axis=-1)
+
+
+def test_the_functions_evaluate_jitted_alone_is_one_program_at_every_rank_count(ctx, references, request):
+    """Found 2026-11-27: ``functions().evaluate`` traced this rank's share into the user's jit as a
+    constant; XLA specialised the loop of micro-batches on its trip count (2 at one rank, 1 at two
+    for 14 rows in micro-batches of 8), and some rows of a plain function came out with another
+    last bit at 2 ranks than at 1. The share is data now, as in the engine's own programs."""
+    algorithm = PSO(pop_size=14, dim=6, lb=-5.12, ub=5.12)
+    x = jax.random.uniform(jax.random.PRNGKey(1), (3, 14, 6), minval=-5.0, maxval=5.0)
+
+    def values(c):
+        evaluate = jax.jit(hpcevo.Loop(algorithm, plain_user_function, c).init(0).functions().evaluate)
+        return [np.asarray(evaluate(x[i])).tolist() for i in range(3)]
+
+    assert values(ctx) == references.get(request, "values", lambda: values(context_for(MPI.COMM_SELF)))
 
 
 @pytest.mark.slow  # (two vmapped scans compiled per pass)

@@ -467,7 +467,11 @@ class DeviceEngine:
 
         def evaluate(x: jax.Array, *generation) -> jax.Array:
             ev, shard = self.evaluator(int(x.shape[0]))
-            return ev(x, shard, *data, *generation[: int(self._with_generation)])
+            # Traced into the user's jit, this rank's share would be a constant, and XLA would
+            # specialise the loop of micro-batches on its trip count: another program at each
+            # rank count (a plain user function's values differed in the last bit at 1 and 2
+            # ranks). The barrier keeps it data, as the engine's own programs take it.
+            return ev(x, lax.optimization_barrier(shard), *data, *generation[: int(self._with_generation)])
 
         def tell(state, x, algo, raw, params=None):
             return self._tell_fn(state, x, algo, raw, params)[0]
