@@ -10,7 +10,7 @@
 The first three are the process's; the last three are each run's (``begin_run``). A process that
 runs many (a study's group, a script calling ``hpcevo.run`` in a loop) records each run's own:
 its first run's phases count from the process's start, python and imports included; a later
-run's from its own start (``run_start``), with only setup, compile and first_generation.
+run's from its own start, with only setup, compile and first_generation.
 """
 
 from __future__ import annotations
