@@ -139,3 +139,78 @@ def test_the_profile_table_adds_up_the_records_per_file_and_tier(tmp_path):
     # the slowest tests listed, slowest first
     listed = [ln for ln in r.stdout.splitlines() if "::" in ln]
     assert [ln.split()[-1] for ln in listed] == ["tests/test_a.py::t3", "tests/test_c.py::t1"]
+
+
+NAP_SCRIPT = r"""
+import json, resource, sys, time
+import numpy as np
+import jax, jax.numpy as jnp
+import mpi4jax
+from mpi4py import MPI
+
+c = MPI.COMM_WORLD
+r = c.rank
+
+
+def cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def waited(exchange):
+    # rank 0 computes for 1.5 s while the others wait in the exchange: what does waiting cost them?
+    c.Barrier()
+    before = cpu()
+    if r == 0:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            pass
+    out = exchange()
+    return out, cpu() - before
+
+
+gather = jax.jit(lambda x: mpi4jax.allgather(x, comm=c))
+gather(jnp.zeros(2)).block_until_ready()  # compiled before anything is timed
+host, host_cpu = waited(lambda: c.allgather(r * 10))
+jitted, jit_cpu = waited(lambda: np.asarray(gather(jnp.full(2, float(r)))).tolist())
+counts = [i + 1 for i in range(c.size)]
+gv = np.zeros(sum(counts), np.int64)
+c.Allgatherv(np.full(r + 1, r, np.int64), [gv, counts])
+c.Ibarrier().Wait()
+open(f"{sys.argv[1]}/rank{r}.json", "w").write(json.dumps({"rank": r, "host": host, "jitted": jitted, "max": c.allreduce(r, op=MPI.MAX),
+                  "bcast": c.bcast(r * 7, root=c.size - 1), "gatherv": gv.tolist(),
+                  "host_cpu": host_cpu, "jit_cpu": jit_cpu}))
+"""
+
+
+@pytest.mark.launcher
+def test_the_suites_preloaded_ranks_nap_while_they_wait_and_exchange_the_same_data(tmp_path):
+    """tests/mpi_nap.c (preloaded into the suite's multi-rank jobs): a rank waiting in a blocking
+    collective (mpi4py's, and mpi4jax's inside a jitted program) uses next to no CPU while the rank
+    it waits for computes, and every collective still delivers what MPI's own does. A process that
+    calls no MPI carries it unaffected."""
+    from test_launcher import MPIEXEC, clean_env
+
+    lib = tmp_path / "libmpi_nap.so"
+    subprocess.run(["mpicc", "-O2", "-shared", "-fPIC", "-Wl,--as-needed", "-o", str(lib),
+                    str(Path(__file__).with_name("mpi_nap.c")), "-ldl"], check=True)
+    script = tmp_path / "nap.py"
+    script.write_text(NAP_SCRIPT)
+    env = clean_env()
+    env["LD_PRELOAD"] = str(lib)
+    env["JAX_PLATFORMS"] = "cpu"
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script), str(tmp_path)], capture_output=True,
+                       text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(3)]
+    assert [d["rank"] for d in ranks] == [0, 1, 2]
+    for d in ranks:
+        assert d["host"] == [0, 10, 20]
+        assert d["jitted"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+        assert d["max"] == 2 and d["bcast"] == 14
+        assert d["gatherv"] == [0, 1, 1, 2, 2, 2]
+    for d in ranks[1:]:  # spinning, each takes about as much as the busy rank gets (about 1 s)
+        assert d["host_cpu"] < 0.4 and d["jit_cpu"] < 0.4, d
+    assert ranks[0]["host_cpu"] > 1.0  # the busy rank computed, on a core of its own
+    plain = subprocess.run(["bash", "-c", "echo fine"], capture_output=True, text=True, env=env)
+    assert plain.returncode == 0 and plain.stdout == "fine\n"
