@@ -4,8 +4,9 @@
  * blocking collectives spin in ch4's progress loop while they wait, with no setting that makes a
  * waiting rank yield (MPIR_CVAR_ENABLE_HEAVY_YIELD came in 4.1), so a rank waiting for the one
  * that still computes takes the core that rank needs. Preloaded into the ranks (LD_PRELOAD, set by
- * CMakeLists.txt for the rank passes and the launcher's jobs), the blocking calls below become
- * their non-blocking twin and a wait that spins 50 us, then naps 10-200 us between tests.
+ * CMakeLists.txt for the pytest passes, the jobs their tests start and the launcher's jobs), the
+ * blocking calls below become their non-blocking twin and a wait that tests for 50 us, then naps
+ * 10-200 us between tests.
  *
  * What it does not change: the data. The same MPI library moves the same bytes; the only
  * reductions hpcevo makes over MPI are MAX of integers (exact in any order); the fitness

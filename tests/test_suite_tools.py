@@ -209,8 +209,11 @@ def test_the_suites_preloaded_ranks_nap_while_they_wait_and_exchange_the_same_da
         assert d["jitted"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
         assert d["max"] == 2 and d["bcast"] == 14
         assert d["gatherv"] == [0, 1, 1, 2, 2, 2]
-    for d in ranks[1:]:  # spinning, each takes about as much as the busy rank gets (about 1 s)
-        assert d["host_cpu"] < 0.4 and d["jit_cpu"] < 0.4, d
-    assert ranks[0]["host_cpu"] > 1.0  # the busy rank computed, on a core of its own
+    # Spinning, a waiting rank takes about as much CPU as the busy rank gets (1.5 s alone on the
+    # machine, less beside other work: 1.0-1.2 s here); napping, a few hundredths of a second.
+    busy = ranks[0]["host_cpu"]
+    assert busy > 0.3, ranks[0]
+    for d in ranks[1:]:
+        assert d["host_cpu"] < 0.25 * busy and d["jit_cpu"] < 0.25 * busy, (d, busy)
     plain = subprocess.run(["bash", "-c", "echo fine"], capture_output=True, text=True, env=env)
     assert plain.returncode == 0 and plain.stdout == "fine\n"
