@@ -252,3 +252,96 @@ def test_the_replica_check_covers_each_islands_group(ctx):
             a.check_replicas()
     else:  # one rank per island or fewer: nothing is replicated, nothing to compare
         a.check_replicas()
+
+
+# -- limits and COCO data: the archipelago as one optimiser ---------------------------------------
+def bbob_islands(out: Path, *sets: str):
+    """Three CSO islands on BBOB f1 (5-D): a target within reach in about 50 generations."""
+    return example("islands.toml", out, "problem.name='bbob'", "problem.function=1", "problem.instance=1",
+                   "problem.dim=5", "islands.count=3", "log.every=10", "islands.migrate_every=10", *sets)
+
+
+def coco_files(folder: Path) -> dict[str, bytes]:
+    """What cocopp reads (the logger's own resume states name their folder: left out)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and ".hpcevo" not in p.parts}
+
+
+@pytest.mark.slow
+def test_islands_end_where_a_target_or_budget_is_met_with_the_bits_of_that_many_generations(ctx, alone, shared_tmp):
+    """run.target_precision, run.evaluations and log.coco with [islands]: the run ends at the first
+    generation where the best of all islands meets the target (or the evaluations of all islands
+    reach the budget), with the digest of a run of exactly that many generations, and its COCO
+    data (every evaluation, generation by generation, island by island) the same at any layout."""
+    hit = hpcevo.run(bbob_islands(shared_tmp / "hit", "run.target_precision=1e-3", "log.coco=true"),
+                     quiet=True, ctx=ctx).summary
+    g = hit["generations"]
+    assert 1 < g < 300 and hit["stopped_by"].startswith("run.target_precision")
+    assert hit["best_precision"] <= 1e-3
+    if ctx.is_root:
+        hist = checkpoint.read_history(checkpoint.list_checkpoints(shared_tmp / "hit" / "checkpoints")[0])
+        assert hist["best"][-2] - 79.48 > 1e-3  # (f_opt of f1, instance 1): not met a generation earlier
+        plain = hpcevo.run(bbob_islands(shared_tmp / "plain", f"run.generations={g}"), quiet=True, ctx=alone).summary
+        assert plain["state_digest"] == hit["state_digest"] and plain["evaluations"] == hit["evaluations"]
+        one = hpcevo.run(bbob_islands(shared_tmp / "one", "run.target_precision=1e-3", "log.coco=true"),
+                         quiet=True, ctx=ctx if ctx.size == 1 else alone).summary
+        assert one["state_digest"] == hit["state_digest"]
+        coco = coco_files(shared_tmp / "hit" / "coco")
+        assert coco == coco_files(shared_tmp / "one" / "coco")
+        dat = [line.split() for line in coco["data_f1/bbobexp_f1_DIM5.dat"].decode().splitlines() if line[0] != "%"]
+        assert int(dat[-1][0]) == hit["evaluations"]  # every evaluation logged, none twice
+        assert float(dat[-1][2]) == pytest.approx(hit["best_precision"], rel=1e-9)
+    # a budget: the generation whose evaluations (every island's) reach it is the last
+    spent = hpcevo.run(bbob_islands(shared_tmp / "budget", "run.evaluations=3000"), quiet=True, ctx=ctx).summary
+    per = 3 * 32  # (three CSO islands of 64: 32 new candidates each a generation, 64 in the first)
+    assert spent["evaluations"] == 3 * 64 + (spent["generations"] - 1) * per
+    assert spent["evaluations"] - per < 3000 <= spent["evaluations"]
+    assert spent["stopped_by"].startswith("run.evaluations")
+    ctx.comm_ctl.Barrier()
+
+
+@pytest.mark.slow
+def test_islands_with_coco_data_resume_to_the_files_and_digest_of_a_run_never_stopped(ctx, alone, shared_tmp):
+    sets = ["run.target_precision=1e-3", "log.coco=true", "checkpoint.every=10"]
+    whole = hpcevo.run(bbob_islands(shared_tmp / "whole", *sets), quiet=True, ctx=ctx).summary
+    first = hpcevo.run(bbob_islands(shared_tmp / "split", *sets, "run.generations=20"), quiet=True, ctx=ctx).summary
+    assert first["generations"] == 20
+    if ctx.is_root:  # the rest on one rank: another rank count whenever size > 1
+        rest = hpcevo.run(bbob_islands(shared_tmp / "split", *sets), resume=True, quiet=True,
+                          ctx=ctx if ctx.size == 1 else alone).summary
+        assert rest["resumed_from"] == 20 and rest["generations"] == whole["generations"]
+        assert rest["state_digest"] == whole["state_digest"]
+        assert coco_files(shared_tmp / "split" / "coco") == coco_files(shared_tmp / "whole" / "coco")
+    ctx.comm_ctl.Barrier()
+
+
+def test_an_archipelagos_limits_and_observer_cover_every_island(ctx):
+    """The API: ``Archipelago.limit`` as ``Loop.limit`` over all islands (a target met inside a
+    dispatch ends it there, with the bits of that many generations), and ``observe`` hears every
+    evaluation, generation by generation, island by island."""
+    p = make_problem("sphere", 4)
+    algorithms = [(CSO, DE, PSO)[i](pop_size=10 + 2 * i, dim=4, lb=p.lb, ub=p.ub) for i in range(3)]
+    how = mig.Migration(every=4, migrants=2)
+    seen: list[np.ndarray] = []
+    a = hpcevo.Archipelago(algorithms, p, ctx, how, observe=seen.append).init(5).advance(39)
+    assert sum(len(f) for f in seen) == a.evaluations
+    f = np.concatenate(seen)
+    at = 0
+    for g in range(40):  # each generation's values, island after island: each island's best of it
+        for i, alg in enumerate(a.algorithms):
+            n = alg.num_init if g == 0 else alg.num_ask
+            assert f[at:at + n].min() == a.island_history(i)["gen_best"][g], (g, i)
+            at += n
+    target = float(a.history["best"][29])  # first met at generation 30 or before
+    first = int(np.argmax(a.history["best"] <= target)) + 1
+    b = hpcevo.Archipelago(algorithms, p, ctx, how).limit(target=target).init(5).advance(100)
+    assert b.generation == first and b.met == "target"
+    assert b.digest() == hpcevo.Archipelago(algorithms, p, ctx, how).init(5).advance(first - 1).digest()
+    b.advance(10)  # met: nothing more
+    assert b.generation == first
+    c = hpcevo.Archipelago(algorithms, p, ctx, how).limit(evaluations=a.evaluations - 1).init(5).advance(100)
+    assert c.generation == 40 and c.met == "evaluations"
+    d = hpcevo.Archipelago(algorithms, p, ctx, how).limit(stagnation=3, tolerance=1e30).init(5).advance(100)
+    assert d.generation == 4 and d.met == "stagnation"
+    with pytest.raises(hpcevo.UsageError, match="'evaluations' must be >= 1"):
+        hpcevo.Archipelago(algorithms, p, ctx, how).limit(evaluations=0)

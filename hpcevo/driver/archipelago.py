@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -21,9 +21,9 @@ from ..algorithms.base import Algorithm
 from ..errors import DivergenceError, UsageError
 from ..parallel import ParallelContext, agree_same, agreed, allgather_obj, collective_stage, user_code
 from . import arguments, build
-from .engine import state_digest
+from .engine import Limits, state_digest
 from .islands import IslandsEngine, Totals
-from .loop import HistoryBuffer, as_loop_problem, chunks, context, evaluations, user_errors
+from .loop import HistoryBuffer, as_loop_problem, checked_limits, context, evaluations, user_errors
 
 FIELDS = ("best", "gen_best", "gen_mean", "gen_std", "nonfinite")
 
@@ -33,12 +33,17 @@ class Archipelago:
 
     ``names``: how the log and the summary call each island's algorithm (default: the class
     name). ``microbatch``, ``batch_size``, ``compile_cache``: as for ``Loop``, for every island.
+    ``observe`` (and ``observe_x``): as for ``Loop``, every evaluation of the archipelago, a
+    generation at a time and within it island by island (what COCO's data of the archipelago
+    as one optimiser holds). ``limit``: budgets, targets and stagnation over the whole
+    archipelago, as ``Loop.limit``.
     """
 
     def __init__(self, algorithms: Sequence[Algorithm], problem: Any, ctx: ParallelContext | None = None,
                  migration: mig.Migration = mig.Migration(50, 1), *, names: Sequence[str] | None = None,
                  microbatch: int | None = None, batch_size: int | None = None,
-                 compile_cache: str | os.PathLike = "auto"):
+                 compile_cache: str | os.PathLike = "auto", observe: Callable[..., None] | None = None,
+                 observe_x: bool = False):
         ctx = context(ctx, "Archipelago")
         opts: dict[str, Any] = {}
         with collective_stage(ctx), user_code(ctx, "the problem"):
@@ -52,7 +57,15 @@ class Archipelago:
                    "Archipelago's algorithms, problem, migration or options", arguments.differ)
         self.ctx, self.problem, self._algorithms, self.names = ctx, problem, tuple(algorithms), names
         self.engine = IslandsEngine(algorithms, problem, ctx, migration, microbatch=opts["microbatch"],
-                                    batch_size=opts["batch_size"])
+                                    batch_size=opts["batch_size"],
+                                    trace="" if observe is None else "fx" if observe_x else "f")
+        self._observe = observe
+        self._limits = Limits()
+        self.met: str | None = None  # which limit ended advance() (Loop.met)
+        # Called on every rank (with the generations) before a dispatch runs again to the
+        # generation a target met inside it: a run's driver gives the watchdog a dispatch's
+        # allowance for it (driver.execute), as Loop.on_compile a compile's.
+        self.on_redispatch: Callable[[int], None] | None = None
         self.algorithm = Totals(sum(a.pop_size for a in algorithms), sum(a.num_init for a in algorithms),
                                 sum(a.num_ask for a in algorithms))
         self.local = self.engine.local
@@ -86,23 +99,121 @@ class Archipelago:
         self.state, part = self.engine.start(seed)
         self.seed, self.generation = seed, 1
         self._histories = [HistoryBuffer() for _ in self.algorithms]
-        self._took(part)
+        self._took(self._gathered(part))
         return self
 
     def advance(self, generations: int = 1) -> "Archipelago":
+        """``generations`` more, or fewer where a limit (``limit``) ends the run: at the very
+        generation that meets it (``met`` says which), as a Loop's."""
         n = arguments.generations(self.ctx, generations, self.generation, "Archipelago.advance")
         self._require_state()
         if n:
             self.compile(self.seed or 0, first=False)
-        for k in chunks(n):
-            self.state, part = self.engine.advance(self.state, k, self.seed)
-            self.generation += k
-            self._took(part)
+        left = n
+        while left and self.check_limits() is None:
+            k = min(left, self.engine.max_chunk, self._to_budget())
+            # Each rank holds only its own islands: the archipelago's best is known after the
+            # dispatch, from every island's history. Where a target or stagnation ends the run
+            # inside it, the same program runs again from the state before it, to that
+            # generation: the same bits, and no collective in the generations' loop.
+            watch = self._limits.target is not None or self._limits.stagnation is not None
+            before = self.engine.copy(self.state) if watch else None
+            state, part = self.engine.advance(self.state, k, self.seed)
+            rows = self._gathered(part)
+            done = self._first_met(rows, k) if watch else k
+            if done < k:
+                if self.on_redispatch is not None:
+                    self.on_redispatch(done)
+                state, _ = self.engine.advance(before, done, self.seed)
+                rows = {i: {c: v[:done] for c, v in r.items()} for i, r in rows.items()}
+            self.state = state
+            self.generation += done
+            self._took(rows)
+            left -= done
+        self.check_limits()
         return self
 
-    def _took(self, part: dict[int, dict[str, np.ndarray]]) -> None:
-        for i, rows in _by_island(allgather_obj(self.ctx, part)).items():
-            self._histories[i].append(rows)
+    def _gathered(self, part: dict[int, dict[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+        """Every island's rows of a dispatch, from the ranks that hold them (collective)."""
+        if not self._observe:  # (the fitness values and candidates only travel for a logger)
+            part = {i: {k: v for k, v in r.items() if k not in ("fitness", "x")} for i, r in part.items()}
+        return _by_island(allgather_obj(self.ctx, part))
+
+    def _took(self, rows: dict[int, dict[str, np.ndarray]]) -> None:
+        if self._observe is not None:
+            self._observe_rows(rows)
+        for i, r in rows.items():
+            self._histories[i].append({k: v for k, v in r.items() if k in FIELDS})
+
+    def _observe_rows(self, rows: dict[int, dict[str, np.ndarray]]) -> None:
+        order = range(self.count)
+        n = len(rows[0]["evaluations"])
+        f = [rows[i]["fitness"][g][: rows[i]["evaluations"][g]] for g in range(n) for i in order]
+        if not f:
+            return
+        if "x" not in rows[0]:
+            self._observe(np.concatenate(f))
+        else:
+            x = [rows[i]["x"][g][: rows[i]["evaluations"][g]] for g in range(n) for i in order]
+            self._observe(np.concatenate(f), np.concatenate(x))
+
+    # -- limits (as Loop's, over the whole archipelago) --------------------------------------------
+    def limit(self, evaluations: int | None = None, target: float | None = None, stagnation: int | None = None,
+              tolerance: float = 0.0) -> "Archipelago":
+        """As ``Loop.limit``, for the archipelago: ``evaluations`` counts every island's, the
+        target and stagnation are about the best of all islands. The run ends at the generation
+        that meets one, the same at any layout of the islands on ranks. Collective."""
+        def check() -> Limits:
+            return checked_limits("Archipelago.limit", True, evaluations, target, stagnation, tolerance)
+
+        self._limits = agreed(self.ctx, "Archipelago.limit", check, repr, arguments.differ)
+        self.met = None
+        return self
+
+    def check_limits(self) -> str | None:
+        """Which limit the archipelago has met ("evaluations", "target", "stagnation"), or None;
+        sets ``met``. The same on every rank (every island's history is on every rank)."""
+        lim, self.met = self._limits, None
+        if self.state is None:
+            return None
+        best = self.history["best"] if (lim.target is not None or lim.stagnation is not None) else None
+        if lim.evaluations is not None and self.evaluations >= lim.evaluations:
+            self.met = "evaluations"
+        elif lim.target is not None and len(best) and best[-1] <= self._dtype.type(lim.target):
+            self.met = "target"
+        elif lim.stagnation is not None and len(best) > lim.stagnation and \
+                best[-1 - lim.stagnation] - best[-1] <= self._dtype.type(lim.tolerance):
+            self.met = "stagnation"
+        return self.met
+
+    @property
+    def _dtype(self) -> np.dtype:
+        return np.dtype(self.algorithms[0].dtype)
+
+    def _to_budget(self) -> int:
+        """Generations until the evaluations reach the budget (every island's rows count; the
+        generation that reaches it is the last, as a Loop's)."""
+        budget = self._limits.evaluations
+        if budget is None:
+            return self.engine.max_chunk
+        per = sum(a.num_ask for a in self.algorithms)
+        return max(1, -(-(budget - self.evaluations) // per))
+
+    def _first_met(self, rows: dict[int, dict[str, np.ndarray]], k: int) -> int:
+        """The generations of this dispatch's ``k`` up to the first that meets the target or
+        stagnation (k where none does), by the rule ``check_limits`` applies."""
+        lim, dt = self._limits, self._dtype
+        new = np.stack([np.asarray(rows[i]["best"]) for i in range(self.count)]).min(0).astype(dt)
+        best = np.concatenate([np.asarray(self.history["best"], dt), new]) if self.generation else new
+        start = len(best) - k
+        for j in range(k):
+            g = start + j
+            if lim.target is not None and best[g] <= dt.type(lim.target):
+                return j + 1
+            s = lim.stagnation
+            if s is not None and g >= s and best[g - s] - best[g] <= dt.type(lim.tolerance):
+                return j + 1
+        return k
 
     def compile(self, seed: int = 0, first: bool = True) -> "Archipelago":
         """As ``Loop.compile``: an error while tracing any rank's islands is every rank's."""

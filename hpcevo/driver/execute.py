@@ -151,6 +151,12 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
                     dog.arm(f"compiling the program of {rows} rows (a restart's population) and its generations",
                             *limits.compile())
                 run.loop.on_compile = compiling
+            else:
+                def redispatch(n: int) -> None:
+                    # A target met inside a dispatch of islands: the dispatch runs again to it.
+                    dog.arm(f"generations {run.loop.generation + 1}-{run.loop.generation + n} again, to the limit "
+                            "met inside them", *limits.dispatch(n))
+                run.loop.on_redispatch = redispatch
             with run.stop:
                 dog.arm("compiling and the first generation", *limits.compile())
                 with _stop_while_compiling(ctx, run, options.face == "cli" and options.stop is None):
@@ -673,7 +679,9 @@ def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built, coco: CocoLog |
     if parts.islands is not None:
         return Archipelago(parts.islands[0], parts.problem, ctx, build.migration(cfg), names=parts.islands[1],
                            microbatch=p.microbatch or None, batch_size=e.batch_size or None,
-                           compile_cache="off")  # (the run's own cache is set: Built.of)
+                           compile_cache="off",  # (the run's own cache is set: Built.of)
+                           observe=None if coco is None else coco.observe,
+                           observe_x=coco is not None and coco.with_x)
     return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
                 penalty=e.penalty, observe=None if coco is None else coco.observe,

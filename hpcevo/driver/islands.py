@@ -51,17 +51,22 @@ class IslandsEngine:
     """This rank's islands, advanced together in one jitted call, migration inside it."""
 
     def __init__(self, algorithms: Sequence[Algorithm], problem: Any, ctx: ParallelContext,
-                 migration: mig.Migration, *, microbatch: int | None = None, batch_size: int | None = None):
+                 migration: mig.Migration, *, microbatch: int | None = None, batch_size: int | None = None,
+                 trace: str = ""):
         self.algorithms, self.ctx, self.migration = list(algorithms), ctx, migration
         self.layout = IslandLayout(len(self.algorithms), ctx.size, ctx.rank)
         self.group = island_context(ctx, self.layout)
         self.recorder = SingleObjective()
         # Every island gets an engine (cheap: nothing compiles until called) for its template;
         # this rank computes with its own islands' only.
+        # ``trace``: each generation's fitness values (and candidates: "fx") of every island come
+        # back with the history, for a logger of every evaluation (COCO's), as DeviceEngine's.
+        self.trace = trace
         self.engines = [DeviceEngine(a, problem.evaluate, self.group, microbatch=microbatch, batch_size=batch_size,
-                                     with_generation=problem.wants_generation, recorder=self.recorder)
+                                     with_generation=problem.wants_generation, recorder=self.recorder, trace=trace)
                         for a in self.algorithms]
         self.local = self.layout.local
+        self.max_chunk = min(e.max_chunk for e in self.engines)
         self.shards = tuple(self.engines[i].generation.shards for i in self.local)
         self._first = jax.jit(self._first_all)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
@@ -90,27 +95,37 @@ class IslandsEngine:
         states = tuple(o[0] for o in out)
         if self.migrates and self.migration.every == 1:
             states = self._migrate(states, key, jnp.asarray(1, jnp.int32))
-        return states, tuple(o[1] for o in out)
+        return states, tuple(o[1] for o in out), tuple(o[2] for o in out), tuple(o[3] for o in out)
 
     def _run_chunk(self, states: tuple, n: jax.Array, key: jax.Array, shards: tuple):
         engines = [self.engines[i] for i in self.local]
         row = self.recorder.row
         bufs = tuple(self.recorder.history_type(*(jnp.zeros((MAX_CHUNK, *s.shape), s.dtype)
                                                   for s in jax.eval_shape(row, st, st))) for st in states)
+        used = tuple(jnp.zeros(MAX_CHUNK, jnp.int32) for _ in states)
+        traced = [jax.eval_shape(e._next_generation, s, sh)[2] for e, s, sh in zip(engines, states, shards)]
+        traces = tuple(tuple(jnp.zeros((self.max_chunk if self.trace else 0, *t.shape), t.dtype) for t in tr)
+                       for tr in traced)
 
         def body(j, carry):
-            ss, hs = carry
+            ss, hs, us, ts = carry
             # A barrier per island: XLA compiles each island's generation as it would alone, so
             # a rank hosting several islands computes each with the bits of a rank hosting one.
-            new = tuple(lax.optimization_barrier(e._next_generation(lax.optimization_barrier(s), sh)[0])
-                        for e, s, sh in zip(engines, ss, shards))
+            # (What a generation brings back besides its state passes the barrier with it: the
+            # state's computation is the same whether the fitness is traced or not.)
+            outs = [lax.optimization_barrier(e._next_generation(lax.optimization_barrier(s), sh))
+                    for e, s, sh in zip(engines, ss, shards)]
+            new = tuple(o[0] for o in outs)
             hs = tuple(type(h)(*(col.at[j].set(v) for col, v in zip(h, row(s, s2)))) for h, s, s2 in zip(hs, ss, new))
+            us = tuple(u.at[j].set(o[1]) for u, o in zip(us, outs))
+            if self.trace:
+                ts = tuple(tuple(b.at[j].set(v) for b, v in zip(t, o[2])) for t, o in zip(ts, outs))
             if self.migrates:
                 g = new[0].generation
                 new = lax.cond(g % self.migration.every == 0, lambda t: self._migrate(t, key, g), lambda t: t, new)
-            return new, hs
+            return new, hs, us, ts
 
-        return lax.fori_loop(0, n, body, (states, bufs))
+        return lax.fori_loop(0, n, body, (states, bufs, used, traces))
 
     def _migrate(self, states: tuple, key: jax.Array, generation: jax.Array) -> tuple:
         how = self.migration
@@ -134,18 +149,33 @@ class IslandsEngine:
 
     # -- host side ---------------------------------------------------------------------------------
     def start(self, seed: int) -> tuple[tuple, dict[int, dict[str, np.ndarray]]]:
-        states, hists = self._first(jax.random.PRNGKey(seed), self.shards)
-        return states, self._host(hists, 1)
+        states, hists, used, traces = self._first(jax.random.PRNGKey(seed), self.shards)
+        return states, self._host(hists, used, traces, 1)
 
     def advance(self, states: tuple, n: int, seed: int) -> tuple[tuple, dict[int, dict[str, np.ndarray]]]:
-        if not 1 <= n <= MAX_CHUNK:
-            raise ValueError(f"advance: n must be in 1..{MAX_CHUNK}, got {n}")
-        states, hists = self._chunk(states, jnp.asarray(n, jnp.int32), jax.random.PRNGKey(seed), self.shards)
-        return states, self._host(hists, n)
+        """``n`` (1..max_chunk) more generations of this rank's islands; the states are donated.
+        Each island's rows: its history's columns, ``evaluations`` (rows used per generation)
+        and, when traced, ``fitness`` and ``x``."""
+        if not 1 <= n <= self.max_chunk:
+            raise ValueError(f"advance: n must be in 1..{self.max_chunk}, got {n}")
+        states, hists, used, traces = self._chunk(states, jnp.asarray(n, jnp.int32), jax.random.PRNGKey(seed),
+                                                  self.shards)
+        return states, self._host(hists, used, traces, n)
 
-    def _host(self, hists: tuple, n: int) -> dict[int, dict[str, np.ndarray]]:
-        host = jax.device_get(hists)
-        return {i: {k: np.asarray(v[:n]) for k, v in zip(type(h)._fields, h)} for i, h in zip(self.local, host)}
+    def _host(self, hists: tuple, used: tuple, traces: tuple, n: int) -> dict[int, dict[str, np.ndarray]]:
+        host, used, traces = jax.device_get((hists, used, traces))
+        out = {}
+        for i, h, u, t in zip(self.local, host, used, traces):
+            rows = {k: np.asarray(v[:n]) for k, v in zip(type(h)._fields, h)}
+            rows["evaluations"] = np.asarray(u[:n], np.int64)
+            for name, values in zip(("fitness", "x"), t if self.trace else ()):
+                rows[name] = np.asarray(values[:n])
+            out[i] = rows
+        return out
+
+    def copy(self, states: tuple) -> tuple:
+        """A copy of ``states`` that ``advance`` (which donates its argument) leaves intact."""
+        return jax.tree.map(jnp.copy, states)
 
     def template(self) -> tuple:
         """Every island's state shape, in island order (what a checkpoint holds)."""

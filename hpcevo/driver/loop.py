@@ -224,24 +224,8 @@ class Loop:
         so the count is exact. None: no such limit. Evaluations, target and tolerance are data
         (changing them compiles nothing); ``stagnation`` shapes the program. Collective: every
         rank passes the same."""
-        def check() -> Limits:
-            ev = None if evaluations is None else schema.check(int, evaluations, "evaluations", "Loop.limit")
-            if ev is not None and ev < 1:
-                raise UsageError(f"Loop.limit: 'evaluations' must be >= 1 (or None), got {ev}")
-            tg = None if target is None else schema.check(float, target, "target", "Loop.limit")
-            st = None if stagnation is None else schema.check(int, stagnation, "stagnation", "Loop.limit")
-            tol = schema.check(float, tolerance, "tolerance", "Loop.limit")
-            if (tg is not None or st is not None) and self.engine.recorder.kind != "single-objective":
-                raise UsageError("Loop.limit: 'target' and 'stagnation' are about a fitness value: for "
-                                 "single-objective runs only")
-            if tg is not None and math.isnan(tg):
-                raise UsageError("Loop.limit: 'target' must be a number, got nan")
-            if st is not None and st < 1:
-                raise UsageError(f"Loop.limit: 'stagnation' must be >= 1 generations (or None), got {st}")
-            if not tol >= 0:
-                raise UsageError(f"Loop.limit: 'tolerance' must be >= 0, got {tol}")
-            return Limits(ev, tg, st, tol)
-
+        single = self.engine.recorder.kind == "single-objective"
+        check = lambda: checked_limits("Loop.limit", single, evaluations, target, stagnation, tolerance)  # noqa: E731
         self._limits = agreed(self.ctx, "Loop.limit", check, repr, arguments.differ)
         self.met = None
         return self
@@ -763,6 +747,27 @@ def chunks(generations: int, most: int = MAX_CHUNK) -> list[int]:
     if generations < 0:
         raise ValueError(f"advance: generations must be >= 0, got {generations}")
     return [most] * (generations // most) + ([generations % most] if generations % most else [])
+
+
+def checked_limits(where: str, single_objective: bool, evaluations: Any, target: Any, stagnation: Any,
+                   tolerance: Any) -> Limits:
+    """The arguments of ``Loop.limit`` (and ``Archipelago.limit``) checked: Limits, or UsageError."""
+    ev = None if evaluations is None else schema.check(int, evaluations, "evaluations", where)
+    if ev is not None and ev < 1:
+        raise UsageError(f"{where}: 'evaluations' must be >= 1 (or None), got {ev}")
+    tg = None if target is None else schema.check(float, target, "target", where)
+    st = None if stagnation is None else schema.check(int, stagnation, "stagnation", where)
+    tol = schema.check(float, tolerance, "tolerance", where)
+    if (tg is not None or st is not None) and not single_objective:
+        raise UsageError(f"{where}: 'target' and 'stagnation' are about a fitness value: for "
+                         "single-objective runs only")
+    if tg is not None and math.isnan(tg):
+        raise UsageError(f"{where}: 'target' must be a number, got nan")
+    if st is not None and st < 1:
+        raise UsageError(f"{where}: 'stagnation' must be >= 1 generations (or None), got {st}")
+    if not tol >= 0:
+        raise UsageError(f"{where}: 'tolerance' must be >= 0, got {tol}")
+    return Limits(ev, tg, st, tol)
 
 
 def evaluations(algorithm: Algorithm, generation: int) -> int:

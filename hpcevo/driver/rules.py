@@ -3,7 +3,7 @@
 The schema (``config.py``) checks each key alone, and ``build.check`` builds the algorithm and
 the problem to run their own checks; what is left are rules that tie keys to each other and to
 the problem: a target needs a single objective, a target precision needs a known optimum,
-[islands] end only at run.generations, COCO's data needs a BBOB problem and one population.
+COCO's data needs a BBOB problem.
 They are checked here, before anything is written, deleted or compiled: by ``build.check`` (the
 CLI, ``hpcevo.load_config``, ``study plan``) and again by ``Run.start`` before it prepares the run
 directory, where a problem held in Python or built only on the ranks is known. A refusal here
@@ -37,9 +37,6 @@ def check(cfg: RunConfig, problem: Any) -> None:
     ends = [k for k, v in (("run.evaluations", run.evaluations), ("run.target", run.target),
                            ("run.target_precision", run.target_precision),
                            ("run.stagnation_generations", run.stagnation_generations)) if v is not None]
-    if ends and cfg.islands is not None:
-        raise ConfigError(f"{where}: '{ends[0]}' ends a single population's run; with [islands] the run ends at "
-                          "run.generations (or use a hpcevo.hooks stop criterion)", ends[0])
     about_fitness = [k for k in ends if k != "run.evaluations"]
     if about_fitness and objectives > 1:
         raise ConfigError(f"{where}: '{about_fitness[0]}' is about a fitness value; problem {name} has "
@@ -48,9 +45,6 @@ def check(cfg: RunConfig, problem: Any) -> None:
         raise ConfigError(f"{where}: 'run.target_precision': problem {name} does not know its optimal value; set "
                           "run.target (a fitness) instead", "run.target_precision")
     if cfg.log.coco:
-        if cfg.islands is not None:
-            raise ConfigError(f"{where}: 'log.coco' logs one population's evaluations; with [islands] there are "
-                              "several", "log.coco")
         if not is_bbob(problem):
             raise ConfigError(f"{where}: 'log.coco' writes COCO's bbob data: it needs a BBOB problem ([problem] "
                               f"name = \"bbob\"), not {name}", "log.coco")
