@@ -268,6 +268,7 @@ def coco_files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(1, 2, 3)  # (3 islands: all on a rank, two on one, one each; groups of ranks: above)
 def test_islands_end_where_a_target_or_budget_is_met_with_the_bits_of_that_many_generations(ctx, alone, shared_tmp):
     """run.target_precision, run.evaluations and log.coco with [islands]: the run ends at the first
     generation where the best of all islands meets the target (or the evaluations of all islands
@@ -301,6 +302,7 @@ def test_islands_end_where_a_target_or_budget_is_met_with_the_bits_of_that_many_
 
 
 @pytest.mark.slow
+@pytest.mark.ranks(1, 3)
 def test_islands_with_coco_data_resume_to_the_files_and_digest_of_a_run_never_stopped(ctx, alone, shared_tmp):
     sets = ["run.target_precision=1e-3", "log.coco=true", "checkpoint.every=10"]
     whole = hpcevo.run(bbob_islands(shared_tmp / "whole", *sets), quiet=True, ctx=ctx).summary
@@ -315,6 +317,8 @@ def test_islands_with_coco_data_resume_to_the_files_and_digest_of_a_run_never_st
     ctx.comm_ctl.Barrier()
 
 
+@pytest.mark.slow
+@pytest.mark.ranks(1, 3)
 def test_an_archipelagos_limits_and_observer_cover_every_island(ctx):
     """The API: ``Archipelago.limit`` as ``Loop.limit`` over all islands (a target met inside a
     dispatch ends it there, with the bits of that many generations), and ``observe`` hears every

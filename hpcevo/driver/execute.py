@@ -457,8 +457,7 @@ class Run:
 
     def met(self) -> str | None:
         """Why run.evaluations or run.target ends the run at this generation, or None."""
-        check = getattr(self.loop, "check_limits", None)
-        why = check() if check is not None else None
+        why = self.loop.check_limits()  # (a Loop's or the whole archipelago's)
         if why == "evaluations":
             return f"run.evaluations: {self.loop.evaluations} evaluations used (budget {self.cfg.run.evaluations})"
         if why == "target" and self.cfg.run.target_precision is not None:
