@@ -176,15 +176,30 @@ class Archipelago:
         lim, self.met = self._limits, None
         if self.state is None:
             return None
-        best = self.history["best"] if (lim.target is not None or lim.stagnation is not None) else None
         if lim.evaluations is not None and self.evaluations >= lim.evaluations:
             self.met = "evaluations"
-        elif lim.target is not None and len(best) and best[-1] <= self._dtype.type(lim.target):
-            self.met = "target"
-        elif lim.stagnation is not None and len(best) > lim.stagnation and \
-                best[-1 - lim.stagnation] - best[-1] <= self._dtype.type(lim.tolerance):
-            self.met = "stagnation"
+        elif lim.target is not None or lim.stagnation is not None:
+            best = self._best_tail(1 + (lim.stagnation or 0))
+            self.met = self._fitness_limit(best, len(best) - 1)
         return self.met
+
+    def _best_tail(self, n: int) -> np.ndarray:
+        """The archipelago's best so far over its last ``n`` generations (fewer at the start), in
+        the run's dtype: what ``history["best"]`` ends with, without gathering the whole history
+        at every dispatch."""
+        if n <= 0 or not self.generation:
+            return np.zeros(0, self._dtype)
+        return np.stack([h.view()["best"][-n:] for h in self._histories]).min(0).astype(self._dtype)
+
+    def _fitness_limit(self, best: np.ndarray, g: int) -> str | None:
+        """"target" or "stagnation" where the series ``best`` meets it at index ``g``, or None."""
+        lim, dt = self._limits, self._dtype
+        if lim.target is not None and g >= 0 and best[g] <= dt.type(lim.target):
+            return "target"
+        s = lim.stagnation
+        if s is not None and g >= s and best[g - s] - best[g] <= dt.type(lim.tolerance):
+            return "stagnation"
+        return None
 
     @property
     def _dtype(self) -> np.dtype:
@@ -202,16 +217,11 @@ class Archipelago:
     def _first_met(self, rows: dict[int, dict[str, np.ndarray]], k: int) -> int:
         """The generations of this dispatch's ``k`` up to the first that meets the target or
         stagnation (k where none does), by the rule ``check_limits`` applies."""
-        lim, dt = self._limits, self._dtype
-        new = np.stack([np.asarray(rows[i]["best"]) for i in range(self.count)]).min(0).astype(dt)
-        best = np.concatenate([np.asarray(self.history["best"], dt), new]) if self.generation else new
+        new = np.stack([np.asarray(rows[i]["best"]) for i in range(self.count)]).min(0).astype(self._dtype)
+        best = np.concatenate([self._best_tail(self._limits.stagnation or 0), new])
         start = len(best) - k
         for j in range(k):
-            g = start + j
-            if lim.target is not None and best[g] <= dt.type(lim.target):
-                return j + 1
-            s = lim.stagnation
-            if s is not None and g >= s and best[g - s] - best[g] <= dt.type(lim.tolerance):
+            if self._fitness_limit(best, start + j) is not None:
                 return j + 1
         return k
 
