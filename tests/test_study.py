@@ -115,7 +115,11 @@ def test_a_run_whose_problem_raises_is_recorded_failed_and_the_others_finish(ctx
             "base": {"run": {"generations": 4}, "algorithm": {"name": "cso", "pop_size": 8},
                      "problem": {"name": f"{problem}:f", "lb": -1.0, "ub": 1.0}},
             "axis": [{"key": "problem.dim", "values": [3, 4]}]}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     result = hpcevo.study(spec, ctx=ctx, quiet=True)
+    # the script's signal handlers are its own again (they were left to the study's stop flag:
+    # Ctrl-C and SIGTERM after the study only set a flag nobody read)
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
     assert result.status == "failed" and result.exit_code == EXIT_RUNS_FAILED
     assert result.counts == {"done": 2, "failed": 2, "stopped": 0, "running": 0, "pending": 0}
     failed = {r["run"]: r["error"] for r in result.ran if r["status"] == "failed"}

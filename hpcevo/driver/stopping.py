@@ -50,15 +50,27 @@ class StopFlag:
     def __init__(self) -> None:
         self.signum = 0
         self._previous: dict[int, object] = {}
+        self._depth = 0
 
     def install(self) -> "StopFlag":
+        """Nested installs of one flag (a study's, then each of its runs', which may overlap) keep
+        the handlers found by the outermost: the last ``uninstall`` puts those back. (Before,
+        an inner install saved the flag's own handler as "previous": after ``hpcevo.study``
+        returned, Ctrl-C in the user's script only set the flag instead of interrupting.)"""
         if threading.current_thread() is not threading.main_thread():
             return self  # signal.signal would raise ValueError: signals are the main thread's
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._depth += 1
+        if self._depth == 1:
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread() or not self._depth:
+            return
+        self._depth -= 1
+        if self._depth:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
