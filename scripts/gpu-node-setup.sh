@@ -148,12 +148,17 @@ build_mpi4jax() {  # mpicc, extra LDFLAGS
       "${PIP[@]}" install --no-index --no-deps --no-build-isolation --force-reinstall "$WH"/mpi4jax-*.tar.gz
   else
     say "building mpi4jax with $mpicc (a CUDA bridge only if mpi4jax finds a toolkit: no GPU here, or HPCEVO_GPU=off)"
-    # mpi4jax builds a CUDA bridge whenever it sees nvcc or CUDA_PATH: hide them.
-    local clean_path
+    # mpi4jax builds a CUDA bridge whenever it sees nvcc, CUDA_PATH or /usr/local/cuda (its last
+    # fallback: a login node or a CPU machine with a toolkit and no GPU got a bridge, and paid
+    # for compiling it): nvcc hidden from PATH, and CUDA_PATH an empty folder, which it takes
+    # as the toolkit and finds no headers in.
+    local clean_path no_cuda
     clean_path=$(echo "$PATH" | tr ':' '\n' | while read -r d; do
       [ -n "$d" ] && [ ! -e "$d/nvcc" ] && echo "$d"; done | paste -sd: -)
-    env -u CUDA_PATH -u CUDA_ROOT -u CUDA_HOME PATH="$clean_path" MPI4JAX_BUILD_MPICC="$mpicc" LDFLAGS="$ldflags ${LDFLAGS:-}" \
+    no_cuda=$(mktemp -d)
+    env -u CUDA_ROOT -u CUDA_HOME CUDA_PATH="$no_cuda" PATH="$clean_path" MPI4JAX_BUILD_MPICC="$mpicc" LDFLAGS="$ldflags ${LDFLAGS:-}" \
       "${PIP[@]}" install --no-index --no-deps --no-build-isolation --force-reinstall "$WH"/mpi4jax-*.tar.gz
+    rmdir "$no_cuda"
   fi
   local so
   for so in "$SITE"/mpi4jax/_src/xla_bridge/mpi_xla_bridge_*.so; do

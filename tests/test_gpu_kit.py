@@ -123,6 +123,9 @@ def test_offline_install_beside_the_images_jax_then_a_run_and_its_resume(image, 
     r = sh(offline(f"scripts/gpu-node-setup.sh {wheelhouse}"), env=env)
     log = r.stderr
     assert "MPI: MPICH" in log and "h5py" in log and "MPI: no" in log, log
+    # no GPU here: no CUDA bridge, even where a toolkit lies in /usr/local/cuda (mpi4jax's own
+    # fallback, which built and compiled one on this project's machines)
+    assert "CUDA bridge: no" in log and not list(venv.glob("lib/python*/site-packages/mpi4jax/_src/xla_bridge/*cuda*")), log
     py = venv / "bin" / "python"
     # the image's jax is used, not a copy; MPI is the wheel's, and mpi4jax calls that same library
     out = sh([str(py), "-c", "import jax, mpi4py, mpi4jax, h5py; from mpi4py import MPI; "
@@ -165,7 +168,7 @@ def test_an_image_whose_h5py_runs_on_its_own_mpi_keeps_that_mpi(wheelhouse, tmp_
     venv = tmp_path / "venv-gpu"
     r = sh(offline(f"scripts/gpu-node-setup.sh {wheelhouse}"),
            env={"HPCEVO_PYTHON": str(img / "bin" / "python"), "HPCEVO_VENV": str(venv), "PIP_CONFIG_FILE": os.devnull})
-    assert "ready (system MPI)" in r.stderr and "MPI: yes" in r.stderr, r.stderr
+    assert "ready (system MPI)" in r.stderr and "MPI: yes" in r.stderr and "CUDA bridge: no" in r.stderr, r.stderr
     py = venv / "bin" / "python"
     lib = sh([str(py), "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"]).stdout.strip()
     assert lib == MPI.Get_library_version().splitlines()[0].strip()
