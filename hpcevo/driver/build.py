@@ -349,6 +349,31 @@ def program_key(cfg: RunConfig) -> str:
     return json.dumps(d, sort_keys=True, default=repr)
 
 
+def disk_program_id(cfg: RunConfig, problem: Any) -> str | None:
+    """What a run's programs are made from, as a key for programs kept on disk
+    (``programs.py``), or None where that cannot be told from the config: a problem of the
+    user's code (by import path, a command, NumPy on the host), islands. ``program_key`` less
+    what is data to the programs (limits, a BBOB instance: ``program_data``) and what never
+    reaches them (the fault section); hpcevo's own code is in the store's key."""
+    import json
+
+    from ..problems.user import is_import_path
+
+    p = cfg.problem
+    if (cfg.islands is not None or p.name is None or p.host or p.name == "command" or is_import_path(p.name)
+            or getattr(problem, "host", False)):
+        return None
+    d = cfg.model_dump()
+    for key in ("seed", "name", "out", "generations", "reevaluate", "evaluations", "target", "target_precision",
+                "stagnation_tolerance"):
+        d["run"].pop(key, None)
+    for section in ("log", "checkpoint", "fault"):
+        d.pop(section, None)
+    if getattr(problem, "program_data", None) is not None:
+        d["problem"].pop("instance", None)
+    return json.dumps(d, sort_keys=True, default=repr)
+
+
 # -- JAX, before the first computation ----------------------------------------------------------
 def jax_mode(cfg: RunConfig):
     """The JAX mode a run computes in, for the run's duration (a context manager): 64-bit types

@@ -309,6 +309,11 @@ class DeviceEngine:
         self._templates: dict[tuple, Any] = {}  # _signature -> the loop state's shapes
         self._first = jax.jit(self._first_with_history)
         self._chunk = jax.jit(self._run_chunk, donate_argnums=0)
+        # Programs loaded from (or kept in) a store on disk (``programs.py``), by (program,
+        # signature): set by ``keep_on_disk``, empty otherwise (then every dispatch calls the
+        # jitted functions above, as before).
+        self.disk: tuple[Any, str] | None = None
+        self._programs: dict[tuple, Any] = {}
         self._fingerprint = FINGERPRINT
         self._ask = jax.jit(self._ask_fn)
         self._evaluate_jit = jax.jit(self._evaluate_fn)
@@ -482,16 +487,27 @@ class DeviceEngine:
         return Functions(self._ask_fn, evaluate, tell, row)
 
     # -- host side -----------------------------------------------------------------------------
+    def _program(self, name: str, params: Params, limits: tuple = ()) -> Callable[..., Any]:
+        """The executable that runs ``name`` for these arguments: one loaded from or kept on disk
+        when there is one for their types, else the jitted function."""
+        if self._programs:
+            got = self._programs.get((name, self._signature(params), _types(limits)))
+            if got is not None:
+                return got
+        return self._first if name == "first" else self._chunk
+
     def start(self, seed: int, params: Params = None) -> tuple[Any, dict[str, np.ndarray]]:
-        state, hist, used, trace = self._first(jax.random.PRNGKey(seed), self.generation.shards, params)
+        state, hist, used, trace = self._program("first", params)(jax.random.PRNGKey(seed), self.generation.shards,
+                                                                  params)
         return state, _host_history(hist, 1, used, trace)
 
     def advance(self, state: Any, n: int, params: Params = None,
                 limits: Limits = Limits()) -> tuple[Any, dict[str, np.ndarray]]:
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"advance: n must be in 1..{self.max_chunk}, got {n}")
-        state, packed, done, trace = self._chunk(state, self._scalar(n), self.generation.shards,
-                                                 params, self._limits_data(limits))
+        data = self._limits_data(limits)
+        state, packed, done, trace = self._program("chunk", params, data)(state, self._scalar(n), self.generation.shards,
+                                                                          params, data)
         packed, done = jax.device_get((packed, done))
         *columns, used = self._pack.columns(packed)
         return state, _host_history(self.recorder.history_type(*columns), int(done), used,
@@ -506,7 +522,7 @@ class DeviceEngine:
     # then the loop of one) kept them at one rank count but not across rank counts.
     def start_runs(self, seeds: list[int], params: list[Params]) -> list[tuple[Any, dict[str, np.ndarray]]]:
         """``start`` of each run: bitwise what ``start`` gives each alone."""
-        out = [self._first(jax.random.PRNGKey(s), self.generation.shards, p) for s, p in zip(seeds, params)]
+        out = [self._program("first", p)(jax.random.PRNGKey(s), self.generation.shards, p) for s, p in zip(seeds, params)]
         host = jax.device_get([o[1:] for o in out])
         return [(o[0], _host_history(hist, 1, used, trace)) for o, (hist, used, trace) in zip(out, host)]
 
@@ -516,8 +532,9 @@ class DeviceEngine:
         it: bitwise what ``advance`` gives each alone. The states are donated."""
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"advance_runs: n must be in 1..{self.max_chunk}, got {n}")
-        out = [self._chunk(s, self._scalar(n), self.generation.shards, p, lim.host(self.algorithm.dtype))
-               for s, p, lim in zip(states, params, limits)]
+        data = [lim.host(self.algorithm.dtype) for lim in limits]
+        out = [self._program("chunk", p, d)(s, self._scalar(n), self.generation.shards, p, d)
+               for s, p, d in zip(states, params, data)]
         host = jax.device_get([o[1:] for o in out])
         runs = []
         for o, (packed, done, trace) in zip(out, host):
@@ -564,6 +581,9 @@ class DeviceEngine:
         # (a quarter of a second a run: most of a short BBOB run's time, issue 41).
         sig = self._signature(params)
         key = jax.random.PRNGKey(seed)
+        if self.disk is not None:
+            self._compile_on_disk(key, seed, first, params, sig)
+            return
         if first and ("first", sig) not in self._compiled_for:
             self._first.lower(key, self.generation.shards, params).compile()
             self._compiled_for.add(("first", sig))
@@ -572,6 +592,39 @@ class DeviceEngine:
             self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params,
                               Limits().data(self.algorithm.dtype)).compile()
             self._fingerprint.lower(shapes).compile()
+            self._compiled_for.add(("chunk", sig))
+
+    def keep_on_disk(self, store: Any, program_id: str) -> None:
+        """Compile through ``store`` (``programs.ProgramStore``): ``program_id`` names what this
+        engine's programs are made from (``build.disk_program_id``); one rank only."""
+        if self.ctx.size != 1:
+            raise ValueError("keep_on_disk: a program of several ranks holds its communicator")
+        if self.disk is None:
+            self.disk = (store, f"{program_id}|rows={self.algorithm.num_ask}|trace={self.trace}"
+                                f"|loops={self.fixed},{self.block}|{type(self.recorder).__name__}")
+
+    def _compile_on_disk(self, key: jax.Array, seed: int, first: bool, params: Params, sig: tuple) -> None:
+        # (No fingerprint program: one rank computes none.)
+        store, program_id = self.disk
+        limits = Limits().data(self.algorithm.dtype)
+        if first and ("first", sig) not in self._compiled_for:
+            exe, _, _ = store.obtain(store.key(program_id, "first", (sig[0], str(sig[1]), sig[2])),
+                                     lambda: self._first.lower(key, self.generation.shards, params))
+            self._programs[("first", sig, ())] = exe
+            self._compiled_for.add(("first", sig))
+        if ("chunk", sig) not in self._compiled_for:
+            def lower() -> Any:
+                return self._chunk.lower(self.template(seed, params), jnp.asarray(1, jnp.int32), self.generation.shards,
+                                         params, limits)
+
+            def extra() -> dict:  # the history's layout, which tracing _run_chunk sets
+                return {"pack": [(tuple(s.shape), np.dtype(s.dtype).str) for s in self._pack.shapes]}
+
+            exe, kept, hit = store.obtain(store.key(program_id, "chunk", (sig[0], str(sig[1]), sig[2], _types(limits))),
+                                          lower, extra)
+            if hit and self._pack is None:
+                self._pack = _RowPacking([jax.ShapeDtypeStruct(shape, np.dtype(dt)) for shape, dt in kept["pack"]])
+            self._programs[("chunk", sig, _types(limits))] = exe
             self._compiled_for.add(("chunk", sig))
 
     def counters(self, state: Any) -> dict[str, int]:
@@ -608,6 +661,10 @@ class _RowPacking:
             for c, j in enumerate(js):
                 out[j] = buf[:, c]
         return out
+
+
+def _types(values: tuple) -> tuple:
+    return tuple(jax.typeof(v) for v in values)
 
 
 def idle_ranks(ranks: int, pieces: int, rows: int) -> tuple[int, int]:

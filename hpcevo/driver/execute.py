@@ -32,6 +32,7 @@ from ..parallel.info import oversubscription
 from ..parallel.watchdog import Watchdog
 from ..provenance import versions
 from . import build, noisy, rules, startup
+from . import programs
 from .archipelago import Archipelago
 from .coco_log import CocoLog
 from .engine import MAX_CHUNK
@@ -305,6 +306,7 @@ class Run:
         self.policy = CheckpointPolicy(ck.every, ck.final, cfg.run.generations, 0)
         self.last_checkpoint: Path | None = None
         self.checkpoint_s = self.compile_s = 0.0
+        self.programs_at = (programs.loaded, programs.stored)
         self.t_start = self.t_prev = 0.0
         self.gen_prev = self.evals_prev = self.evals_start = 0
         self.hooks = Hooks()
@@ -403,6 +405,7 @@ class Run:
                  "but not bitwise equal to a run without it.")
 
     def compile(self) -> None:
+        self.programs_at = (programs.loaded, programs.stored)
         startup.mark("setup")
         t0 = time.perf_counter()
         self.loop.compile(self.cfg.run.seed, first=self.resumed_at is None)
@@ -619,6 +622,8 @@ class Run:
             "batch_size_exact": self.parts.exact, "resumed_from": start or None,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
             "wall_s": wall, "compile_s": self.compile_s, "compile_cache": self.parts.compile_cache,
+            # programs this run loaded from the store on disk, and kept in it (programs.py)
+            "programs_loaded": programs.loaded - self.programs_at[0], "programs_kept": programs.stored - self.programs_at[1],
             "startup_s": startup.phases(), "checkpoint_s": self.checkpoint_s,
             "evals_per_s": (loop.evaluations - self.evals_start) / max(wall, 1e-12),
             "ranks": self.ctx.size, "device": self.ctx.device_kind, "state_digest": digest,
@@ -639,6 +644,7 @@ class Built:
         names = islands[1] if islands else [resolved["algorithm"]["name"]]
         self.algorithm_name = "+".join(dict.fromkeys(names))
         self.compile_cache, self.cache_note = compile_cache
+        self.disk_id: str | None = None  # (build.disk_program_id: set for pieces built from the config alone)
 
     @classmethod
     def of(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, reuse: dict | None = None) -> "Built":
@@ -661,7 +667,10 @@ class Built:
             if key is not None and not problem.host:  # (a host problem holds threads and processes)
                 reuse[key] = (problem, algorithm, islands, exact, cache)
         resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)
-        return cls(problem, algorithm, resolved, exact, cache, islands)
+        built = cls(problem, algorithm, resolved, exact, cache, islands)
+        if held.problem is None and held.algorithm is None:
+            built.disk_id = build.disk_program_id(cfg, problem)
+        return built
 
 
 def _coco_log(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> CocoLog | None:
@@ -681,7 +690,13 @@ def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built, coco: CocoLog |
                            compile_cache="off",  # (the run's own cache is set: Built.of)
                            observe=None if coco is None else coco.observe,
                            observe_x=coco is not None and coco.with_x)
-    return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
+    loop = Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
                 penalty=e.penalty, observe=None if coco is None else coco.observe,
                 observe_x=coco is not None and coco.with_x, compile_cache="off")
+    # One rank's programs of a built-in problem: kept on disk by what they are made from, so the
+    # next launch loads them without tracing or lowering them (programs.py).
+    store = programs.store_for(parts.compile_cache) if parts.disk_id is not None and ctx.size == 1 else None
+    if store is not None:
+        loop.keep_programs_on_disk(store, parts.disk_id)
+    return loop

@@ -111,6 +111,7 @@ class Loop:
         self._data_kept: tuple | None = None  # (what it was made from, Loop._data())
         self._pending: tuple[jax.Array, Any, int] | None = None  # ask's (x, algorithm state, generation)
         self.engine: Engine
+        self._disk: tuple[Any, str] | None = None  # (a program store, this loop's program id)
         mb, bs = opts["microbatch"], opts["batch_size"]
         trace = "" if observe is None else "fx" if observe_x else "f"
         if problem.host:
@@ -186,7 +187,19 @@ class Loop:
     def _engine_at(self, rows: int) -> DeviceEngine:
         """The engine of this loop's algorithm computing ``rows`` rows (0: pop_size)."""
         algorithm = self._algorithm.with_rows(rows) if rows else self._algorithm
-        return device_engine(algorithm, *self._engine_args)
+        engine = device_engine(algorithm, *self._engine_args)
+        if self._disk is not None:
+            engine.keep_on_disk(*self._disk)
+        return engine
+
+    def keep_programs_on_disk(self, store: Any, program_id: str) -> None:
+        """Compile this loop's programs through ``store`` (``programs.ProgramStore``), under
+        ``program_id``: what its programs are made from (``build.disk_program_id``), which the
+        caller vouches for. For a device problem on one rank; otherwise nothing changes."""
+        if not isinstance(self.engine, DeviceEngine) or self.ctx.size != 1:
+            return
+        self._disk = (store, program_id)
+        self.engine.keep_on_disk(store, program_id)
 
     def _start_engine(self) -> None:
         """The engine of generation 1 (with population buckets: the first population's)."""
