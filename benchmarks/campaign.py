@@ -8,9 +8,12 @@ The work is COCO's BBOB experiment with BIPOP-CMA-ES, budget 1,000 x dim evaluat
 target f - f_opt <= 1e-8, COCO data written on both sides (what cocopp reads):
 
   - hpcevo: ``mpiexec -n R python -m hpcevo study FILE`` on examples/bbob.toml cut to the slice
-    (groups of one rank take the runs). Twice: with an empty JAX compilation cache (a first
-    launch: every program compiled) and again over it (``--overwrite``: what every later launch of
-    the same programs pays, e.g. the next seed, algorithm setting or a resumed campaign).
+    (groups of one rank take the runs). Each way twice, over an empty cache directory of its own:
+    a first launch (every program compiled) and again over it (``--overwrite``: what every later
+    launch of the same programs pays, e.g. the next seed, algorithm setting or a resumed
+    campaign). The ways: JAX's compilation cache alone (``HPCEVO_PROGRAM_CACHE=0``: a launch
+    traces and lowers every program again, then looks it up) and hpcevo's programs kept on disk
+    as well (the default: loaded as they are, hpcevo/driver/programs.py).
   - pycma: R processes side by side, each running its share of the problems (every R-th) the way
     COCO's example experiment does: ``cocoex.Suite`` and ``cocoex.Observer``, ``cma.fmin2(problem,
     x0, 2, {maxfevals, termination_callback: the final target hit}, restarts=9, bipop=True)``, x0
@@ -75,13 +78,14 @@ def reached(delta: float) -> float:
     return float(np.mean(max(delta, 0.0) <= TARGETS))
 
 
-def hpcevo_study(args, work: Path, cache: Path, again: bool) -> dict:
+def hpcevo_study(args, work: Path, cache: Path, again: bool, store: bool = True) -> dict:
     study = work / "campaign.toml"
     budgets = [1000 * d for d in args.dims]
     study.write_text(STUDY.format(out=work / "study", functions=list(args.functions), dims=list(args.dims),
                                   budgets=budgets, instances=list(args.instances)))
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
     env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    env["HPCEVO_PROGRAM_CACHE"] = "1" if store else "0"  # (programs kept on disk: hpcevo/driver/programs.py)
     cmd = [args.mpiexec, "-n", str(args.ranks), sys.executable, "-m", "hpcevo", "study", str(study), "--quiet"]
     if again:
         cmd.append("--overwrite")
@@ -173,8 +177,6 @@ def main() -> None:
     runs = len(args.dims) * len(args.functions) * len(args.instances)
     with tempfile.TemporaryDirectory(prefix="hpcevo-campaign-") as tmp:
         work = Path(tmp)
-        cache = work / "jax-cache"
-        cache.mkdir(mode=0o700)
         print(f"{runs} runs (dims {args.dims}, {len(args.functions)} functions, {len(args.instances)} instances), "
               f"{args.ranks} processes each", flush=True)
         rows = {}
@@ -182,10 +184,16 @@ def main() -> None:
             pycma = rows["pycma (cocoex, fmin2 bipop)"] = pycma_campaign(args, work)
             print(f"pycma: {pycma['wall_s']:.1f} s", flush=True)
         if "hpcevo" in args.sides:
-            cold = rows["hpcevo study, first launch (empty cache)"] = hpcevo_study(args, work, cache, again=False)
-            print(f"hpcevo, empty compilation cache: {cold['wall_s']:.1f} s", flush=True)
-            warm = rows["hpcevo study, programs cached"] = hpcevo_study(args, work, cache, again=True)
-            print(f"hpcevo, its programs in the cache: {warm['wall_s']:.1f} s", flush=True)
+            # Each way over its own cache: a first launch that keeps programs compiles them by
+            # XLA for the store, and leaves JAX's cache without them.
+            for store, label in ((False, "JAX's compilation cache only (HPCEVO_PROGRAM_CACHE=0)"),
+                                 (True, "programs kept on disk too (the default)")):
+                cache = work / f"jax-cache-{int(store)}"
+                cache.mkdir(mode=0o700)
+                cold = rows[f"hpcevo study, first launch, {label}"] = hpcevo_study(args, work, cache, store, store)
+                print(f"hpcevo, first launch, {label}: {cold['wall_s']:.1f} s", flush=True)
+                warm = rows[f"hpcevo study, launched again, {label}"] = hpcevo_study(args, work, cache, True, store)
+                print(f"hpcevo, launched again, {label}: {warm['wall_s']:.1f} s", flush=True)
     base = next(iter(rows.values()))
     result = {"runs": runs, "dims": args.dims, "functions": args.functions, "instances": args.instances,
               "ranks": args.ranks, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),

@@ -194,7 +194,7 @@ def test_second_launch_loads_its_programs_from_the_compilation_cache(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hpcevo", "run", str(EXAMPLE), "--set", "run.generations=5",
                         "--set", f"run.out={tmp_path / 'r3'}", "-q"], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    assert any(p.name.startswith("jit_fingerprint") for p in (tmp_path / "env-cache").glob("*-cache"))
+    assert any(p.name.startswith("jit__threefry_seed") for p in (tmp_path / "env-cache").glob("*-cache"))
     assert set(summaries[1]["startup_s"]) >= {"python", "imports_mpi", "config", "setup", "compile",
                                               "first_generation", "total"}
 

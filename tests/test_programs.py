@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import hpcevo
-from hpcevo.driver import build, programs
+from hpcevo.driver import programs
 
 from test_launcher import clean_env
 
@@ -32,7 +33,7 @@ def launch(cache: Path, out: Path, *extra: str, store: bool = True) -> dict:
 
 
 def kept(cache: Path) -> list[Path]:
-    return sorted(cache.glob("hpcevo-*-cache"))
+    return sorted(cache.glob("hpcevo-*.program"))
 
 
 @pytest.mark.single_process
@@ -71,34 +72,49 @@ def test_a_second_launch_loads_its_programs_and_runs_bitwise_the_run_compiled_fr
 
 
 @pytest.mark.single_process
-def test_the_program_id_holds_what_makes_the_program_and_nothing_that_is_data():
-    base = {"algorithm": {"name": "cmaes", "restart": "bipop"}, "run": {"generations": 10},
-            "problem": {"name": "bbob", "function": 8, "dim": 5, "instance": 1}}
+def test_what_a_program_is_made_of_is_written_out_for_hpcevos_pieces_only():
+    """The id of an engine's programs (the key that shares engines in a process, written out):
+    equal where the programs are (another BBOB instance or hyper-parameter value: data to them),
+    other where they differ; none for code of the user's."""
+    from types import SimpleNamespace
 
-    def pid(**changes):
-        cfg = json.loads(json.dumps(base))
-        for key, value in changes.items():
-            section, name = key.split("__")
-            cfg.setdefault(section, {})[name] = value
-        c = hpcevo.load_config(cfg)
-        return build.disk_program_id(c, build.build_problem(c))
+    from hpcevo.algorithms import CMAES, CSO
+    from hpcevo.driver.loop import as_loop_problem, disk_id, engine_key
+    from hpcevo.driver.recording import recorder_for
+    from hpcevo.problems import make_problem
+    from hpcevo.problems.bbob import make_bbob
 
-    same = pid()
-    assert same is not None
-    for data in ({"run__seed": 4}, {"run__generations": 99}, {"run__out": "elsewhere"}, {"problem__instance": 9},
-                 {"run__evaluations": 500}, {"run__target_precision": 1e-8}, {"log__every": 3},
-                 {"checkpoint__every": 7}, {"log__coco": True}):
-        assert pid(**data) == same, data
-    for program in ({"algorithm__pop_size": 12}, {"algorithm__sigma_init": 0.3}, {"problem__dim": 6},
-                    {"problem__function": 9}, {"run__dtype": "float32"}, {"parallel__microbatch": 4},
-                    {"algorithm__restart": "ipop"}):
-        assert pid(**program) != same, program
-    # code the config only names is not vouched for by its name
-    user = hpcevo.load_config({"algorithm": {"name": "cso", "pop_size": 8}, "run": {"generations": 3},
-                               "problem": {"name": f"{ROOT / 'examples' / 'user_problem.py'}:sphere_plus", "dim": 3}})
-    assert build.disk_program_id(user, None) is None
-    islands = hpcevo.load_config(ROOT / "examples" / "islands.toml")
-    assert build.disk_program_id(islands, build.build_problem(islands)) is None
+    one = SimpleNamespace(size=1, device_kind="cpu")
+
+    def made_of(algorithm, problem, microbatch=None, trace=""):
+        problem = as_loop_problem(problem, algorithm, False)
+        return disk_id(problem, engine_key(algorithm, problem, one, microbatch, None, recorder_for(problem), trace), one)
+
+    f8 = [make_bbob(8, i, 5) for i in (1, 2)]
+    cma = CMAES(pop_size=12, dim=5, lb=f8[0].lb, ub=f8[0].ub)
+    same = made_of(cma, f8[0])
+    assert same is not None and made_of(cma, f8[1]) == same == made_of(cma, f8[0])  # (the instance is data)
+    others = [made_of(CMAES(pop_size=14, dim=5, lb=f8[0].lb, ub=f8[0].ub), f8[0]), made_of(cma, make_bbob(9, 1, 5)),
+              made_of(cma, f8[0], microbatch=4), made_of(cma, f8[0], trace="f")]
+    assert None not in others and len({same, *others}) == 5
+    assert disk_id(f8[0], engine_key(cma, f8[0], SimpleNamespace(size=1, device_kind="gpu"), None, None,
+                                     recorder_for(f8[0])), SimpleNamespace(size=1, device_kind="gpu")) != same
+    rastrigin = make_problem("rastrigin", 5)
+    cso = CSO(pop_size=8, dim=5, lb=rastrigin.lb, ub=rastrigin.ub)
+    assert made_of(cso, rastrigin) not in (None, same)
+    assert made_of(CSO(pop_size=8, dim=5, lb=rastrigin.lb, ub=rastrigin.ub, phi=0.3), rastrigin) == made_of(
+        cso, rastrigin)  # (a dynamic hyper-parameter is data)
+    assert made_of(CMAES(pop_size=12, dim=5, lb=f8[0].lb, ub=f8[0].ub, sigma_init=0.7), f8[0]) != same  # (static)
+    # code of the user's: a function, a subclass
+    assert made_of(cso, lambda x: (x * x).sum(-1)) is None
+
+    class Mine(CSO):
+        pass
+
+    assert made_of(Mine(pop_size=8, dim=5, lb=rastrigin.lb, ub=rastrigin.ub), rastrigin) is None
+    assert programs.describe(lambda x: x) is None and programs.describe(object()) is None
+    assert programs.describe({"a": (1, 2.5, "x")}) == programs.describe({"a": (1, 2.5, "x")})
+    assert programs.describe(np.arange(3.0)) != programs.describe(np.array([0.0, 1.0, 2.0 + 1e-9]))
 
 
 @pytest.mark.single_process

@@ -349,31 +349,6 @@ def program_key(cfg: RunConfig) -> str:
     return json.dumps(d, sort_keys=True, default=repr)
 
 
-def disk_program_id(cfg: RunConfig, problem: Any) -> str | None:
-    """What a run's programs are made from, as a key for programs kept on disk
-    (``programs.py``), or None where that cannot be told from the config: a problem of the
-    user's code (by import path, a command, NumPy on the host), islands. ``program_key`` less
-    what is data to the programs (limits, a BBOB instance: ``program_data``) and what never
-    reaches them (the fault section); hpcevo's own code is in the store's key."""
-    import json
-
-    from ..problems.user import is_import_path
-
-    p = cfg.problem
-    if (cfg.islands is not None or p.name is None or p.host or p.name == "command" or is_import_path(p.name)
-            or getattr(problem, "host", False)):
-        return None
-    d = cfg.model_dump()
-    for key in ("seed", "name", "out", "generations", "reevaluate", "evaluations", "target", "target_precision",
-                "stagnation_tolerance"):
-        d["run"].pop(key, None)
-    for section in ("log", "checkpoint", "fault"):
-        d.pop(section, None)
-    if getattr(problem, "program_data", None) is not None:
-        d["problem"].pop("instance", None)
-    return json.dumps(d, sort_keys=True, default=repr)
-
-
 # -- JAX, before the first computation ----------------------------------------------------------
 def jax_mode(cfg: RunConfig):
     """The JAX mode a run computes in, for the run's duration (a context manager): 64-bit types
@@ -511,14 +486,15 @@ def prune_compile_cache(path: Path, max_bytes: int = COMPILE_CACHE_MAX_BYTES,
         entries = []
         with os.scandir(path) as it:
             for e in it:
-                if e.name.endswith("-cache") and e.is_file(follow_symlinks=False):
+                # (JAX's entries, and hpcevo's programs kept on disk: driver/programs.py)
+                if e.name.endswith(("-cache", ".program")) and e.is_file(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
                     entries.append((max(st.st_atime, st.st_mtime), e.path, st.st_size))
         total = sum(size for _, _, size in entries)
         for _, name, size in sorted(entries):
             if total <= max_bytes:
                 break
-            for victim in (name, name[: -len("-cache")] + "-atime"):  # (JAX's LRU leaves -atime files)
+            for victim in (name, name[: -len("-cache")] + "-atime") if name.endswith("-cache") else (name,):  # (JAX's LRU leaves -atime files)
                 try:
                     os.unlink(victim)
                 except FileNotFoundError:

@@ -594,6 +594,11 @@ class DeviceEngine:
             self._fingerprint.lower(shapes).compile()
             self._compiled_for.add(("chunk", sig))
 
+    def programs_compiled(self) -> int:
+        """How many executables this engine holds for its generations (traced here, or loaded
+        from disk): a value made data changes none."""
+        return self._first._cache_size() + self._chunk._cache_size() + len(self._programs)
+
     def keep_on_disk(self, store: Any, program_id: str) -> None:
         """Compile through ``store`` (``programs.ProgramStore``): ``program_id`` names what this
         engine's programs are made from (``build.disk_program_id``); one rank only."""

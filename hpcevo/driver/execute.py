@@ -644,7 +644,6 @@ class Built:
         names = islands[1] if islands else [resolved["algorithm"]["name"]]
         self.algorithm_name = "+".join(dict.fromkeys(names))
         self.compile_cache, self.cache_note = compile_cache
-        self.disk_id: str | None = None  # (build.disk_program_id: set for pieces built from the config alone)
 
     @classmethod
     def of(cls, ctx: ParallelContext, cfg: RunConfig, held: Held, reuse: dict | None = None) -> "Built":
@@ -667,10 +666,7 @@ class Built:
             if key is not None and not problem.host:  # (a host problem holds threads and processes)
                 reuse[key] = (problem, algorithm, islands, exact, cache)
         resolved = build.resolved(cfg, problem, algorithm, held.problem is not None, held.algorithm is not None)
-        built = cls(problem, algorithm, resolved, exact, cache, islands)
-        if held.problem is None and held.algorithm is None:
-            built.disk_id = build.disk_program_id(cfg, problem)
-        return built
+        return cls(problem, algorithm, resolved, exact, cache, islands)
 
 
 def _coco_log(ctx: ParallelContext, cfg: RunConfig, parts: Built) -> CocoLog | None:
@@ -690,13 +686,7 @@ def _loop_of(ctx: ParallelContext, cfg: RunConfig, parts: Built, coco: CocoLog |
                            compile_cache="off",  # (the run's own cache is set: Built.of)
                            observe=None if coco is None else coco.observe,
                            observe_x=coco is not None and coco.with_x)
-    loop = Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
+    return Loop(parts.algorithm, parts.problem, ctx, microbatch=p.microbatch or None, batch_size=e.batch_size or None,
                 recorder=build.build_recorder(cfg, parts.problem), concurrency=e.concurrency, schedule=e.schedule,
                 penalty=e.penalty, observe=None if coco is None else coco.observe,
                 observe_x=coco is not None and coco.with_x, compile_cache="off")
-    # One rank's programs of a built-in problem: kept on disk by what they are made from, so the
-    # next launch loads them without tracing or lowering them (programs.py).
-    store = programs.store_for(parts.compile_cache) if parts.disk_id is not None and ctx.size == 1 else None
-    if store is not None:
-        loop.keep_programs_on_disk(store, parts.disk_id)
-    return loop

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -38,7 +39,7 @@ from ..errors import ConfigError, UsageError, did_you_mean, user_location
 from ..parallel import ParallelContext, agree_same, agreed, check_replicas, collective_stage, user_code
 from ..problems import as_problem
 from ..problems.base import HostProblem, Problem
-from . import arguments, build
+from . import arguments, build, programs
 from .engine import (FINGERPRINT, MAX_CHUNK, PROBLEM_DATA, DeviceEngine, Engine, Functions, Limits, Params, loop_shape,
                      state_digest)
 from .host_engine import HostEngine
@@ -111,7 +112,6 @@ class Loop:
         self._data_kept: tuple | None = None  # (what it was made from, Loop._data())
         self._pending: tuple[jax.Array, Any, int] | None = None  # ask's (x, algorithm state, generation)
         self.engine: Engine
-        self._disk: tuple[Any, str] | None = None  # (a program store, this loop's program id)
         mb, bs = opts["microbatch"], opts["batch_size"]
         trace = "" if observe is None else "fx" if observe_x else "f"
         if problem.host:
@@ -187,19 +187,7 @@ class Loop:
     def _engine_at(self, rows: int) -> DeviceEngine:
         """The engine of this loop's algorithm computing ``rows`` rows (0: pop_size)."""
         algorithm = self._algorithm.with_rows(rows) if rows else self._algorithm
-        engine = device_engine(algorithm, *self._engine_args)
-        if self._disk is not None:
-            engine.keep_on_disk(*self._disk)
-        return engine
-
-    def keep_programs_on_disk(self, store: Any, program_id: str) -> None:
-        """Compile this loop's programs through ``store`` (``programs.ProgramStore``), under
-        ``program_id``: what its programs are made from (``build.disk_program_id``), which the
-        caller vouches for. For a device problem on one rank; otherwise nothing changes."""
-        if not isinstance(self.engine, DeviceEngine) or self.ctx.size != 1:
-            return
-        self._disk = (store, program_id)
-        self.engine.keep_on_disk(store, program_id)
+        return device_engine(algorithm, *self._engine_args)
 
     def _start_engine(self) -> None:
         """The engine of generation 1 (with population buckets: the first population's)."""
@@ -650,9 +638,7 @@ def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, 
     # A problem whose instance data are arguments (``program_data``) is one program for all its
     # instances.
     with_data = getattr(problem, "program_data", None) is not None
-    program = problem.program if with_data else problem
-    key = (_static_part(algorithm), program, ctx, microbatch, batch_size, _recorder_key(recorder), trace,
-           loop_shape(ctx.device_kind))
+    key = engine_key(algorithm, problem, ctx, microbatch, batch_size, recorder, trace)
     for i, (k, engine) in enumerate(_ENGINES):
         if _same(k, key):
             _ENGINES.append(_ENGINES.pop(i))
@@ -661,9 +647,32 @@ def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, 
     engine = DeviceEngine(algorithm, evaluate, ctx, microbatch=microbatch, batch_size=batch_size,
                           with_generation=problem.wants_generation, recorder=recorder, trace=trace,
                           with_data=with_data, block_invariant=bool(getattr(problem, "block_invariant", False)))
+    # One rank's programs of hpcevo's own pieces are kept on disk by what they are made from
+    # (the same key, written out): the next launch loads them untraced (programs.py).
+    store = programs.store_for(jax.config.jax_compilation_cache_dir) if ctx.size == 1 else None
+    made_of = None if store is None else disk_id(problem, key, ctx)
+    if made_of is not None:
+        engine.keep_on_disk(store, made_of)
     _ENGINES.append((key, engine))
     del _ENGINES[:-ENGINES_KEPT]
     return engine
+
+
+def engine_key(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, microbatch: int | None,
+               batch_size: int | None, recorder: Any, trace: str = "") -> tuple:
+    """What makes an engine's programs: loops whose keys are equal share one engine."""
+    # A problem whose instance data are arguments (``program_data``) is one program for all its
+    # instances.
+    program = problem.program if getattr(problem, "program_data", None) is not None else problem
+    return (_static_part(algorithm), program, ctx, microbatch, batch_size, _recorder_key(recorder), trace,
+            loop_shape(ctx.device_kind))
+
+
+def disk_id(problem: Problem, key: tuple, ctx: Any) -> str | None:
+    """``engine_key`` written out (the context by what its programs see of it: one rank, its
+    device kind), for programs kept on disk; None where a piece is not hpcevo's own."""
+    made_of = programs.describe((type(problem), *key[:2], *key[3:], ctx.size, ctx.device_kind))
+    return None if made_of is None else hashlib.sha256(made_of.encode()).hexdigest()
 
 
 def _static_part(algorithm: Algorithm) -> tuple:

@@ -8,27 +8,30 @@ study of 48 BBOB runs (24 functions, 5-D, BIPOP-CMA-ES, one rank) spent 46 of it
 ``Loop.compile``, 37 s of them tracing and lowering, 9 s loading from JAX's cache (cProfile,
 2026-11-28). Every ``hpcevo run`` and every test that starts a process pays it too.
 
-Here a program is keyed by what determines it before it is traced: the run's config without
-what is data to the program or never reaches it (``build.disk_program_id``), the engine's own
-settings, the arguments' types, and everything of the process that can change a traced program
-(hpcevo's source files, the versions of JAX, jaxlib, NumPy and Python, JAX's flags, XLA_FLAGS,
-the CPU). A key that matches therefore names the same StableHLO, compiled by the same XLA: the
-loaded executable is the one the run would have compiled, bit for bit (tests/test_programs.py
-compares digests with the store on and off, across processes).
+Here a program is keyed by what determines it before it is traced: the pieces its engine is
+made of, written out (``describe``: the algorithm's static settings, the problem, the options,
+the recorder, the arguments' types), and everything of the process that can change a traced
+program (hpcevo's source files, the versions of JAX, jaxlib, NumPy and Python, JAX's flags,
+XLA_FLAGS, the CPU). A key that matches therefore names the same StableHLO, compiled by the
+same XLA: the loaded executable is the one the run would have compiled, bit for bit
+(tests/test_programs.py compares digests with the store on and off, across processes). The
+pieces are the ones ``loop.device_engine`` already shares between the loops of one process.
 
 What is kept, and what never is:
-- Programs of one rank only (a run's or a study group's): a program of several ranks holds its
-  communicator (mpi4jax's custom calls), which belongs to the process that compiled it.
-- Programs of built-in problems named in a config (no user code: a function by import path or
-  held in Python can change without its name changing).
+- Programs of one rank only (a run's, a study group's, a script's Loop): a program of several
+  ranks holds its communicator (mpi4jax's custom calls), which belongs to the process that
+  compiled it.
+- Programs made of hpcevo's own pieces only: a user's function, a class or an object from
+  outside hpcevo (``describe`` gives None) can change without its name changing.
 - Programs whose only custom calls are LAPACK's (CMA-ES's eigendecomposition). jaxlib sets
   LAPACK's entry points up when it lowers a call to it; a program loaded without lowering finds
   them unset and crashes, so they are set up before such a program is loaded. Any other custom
   call (a host callback, MPI) is not kept.
 
 The files live in the compilation cache's directory (a directory only this user can write: what
-is loaded is executed), as ``hpcevo-<key>-cache``, so the cache's pruning (``build.py``) ages
-them out with JAX's own entries. ``HPCEVO_PROGRAM_CACHE=0`` turns the store off. A file that
+is loaded is executed), as ``hpcevo-<key>.program``: the cache's pruning (``build.py``) ages
+them out with JAX's own entries, and JAX's own LRU (``JAX_COMPILATION_CACHE_MAX_SIZE``), which
+reads an access-time file beside every ``*-cache`` entry, leaves them alone. ``HPCEVO_PROGRAM_CACHE=0`` turns the store off. A file that
 cannot be read, or a program that fails to load, is compiled again and written anew.
 """
 
@@ -120,7 +123,7 @@ class ProgramStore:
         return h.hexdigest()[:40]
 
     def path(self, key: str) -> Path:
-        return self.directory / f"hpcevo-{key}-cache"
+        return self.directory / f"hpcevo-{key}.program"
 
     def load(self, key: str) -> tuple[Any, dict] | None:
         """(the loaded executable, what was kept beside it), or None (absent, unreadable, or not
@@ -225,6 +228,69 @@ class _fresh:
 
         jax.config.update("jax_enable_compilation_cache", self.was)
         cc.reset_cache()
+
+
+def describe(value: Any) -> str | None:
+    """``value`` as text that determines it, for a program id; None where it holds anything this
+    cannot vouch for: code outside hpcevo (a user's function, a gymnax environment), an object
+    of a class outside hpcevo, or one not made of plain values. Arrays by their dtype, shape and
+    bytes; hpcevo's classes, functions and dataclasses by name and fields (their code is in the
+    process fingerprint)."""
+    import dataclasses
+    import functools
+    import types
+
+    import numpy as np
+
+    def ours(obj: Any) -> bool:
+        return (getattr(obj, "__module__", "") or "").split(".")[0] == "hpcevo"
+
+    def go(v: Any, depth: int) -> str | None:
+        if depth > 12:
+            return None
+        if v is None or isinstance(v, (bool, int, float, complex, str, bytes)):
+            return f"{type(v).__name__}:{v!r}"
+        if isinstance(v, (np.ndarray, np.generic, jax.Array)):
+            a = np.asarray(v)
+            if a.dtype == object:
+                return None
+            return f"array:{a.dtype.str}:{a.shape}:{hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()}"
+        if isinstance(v, np.dtype):
+            return f"dtype:{v.str}"
+        if isinstance(v, (tuple, list, frozenset, set)):
+            items = [go(x, depth + 1) for x in v]
+            if any(x is None for x in items):
+                return None
+            if isinstance(v, (set, frozenset)):
+                items = sorted(items)  # type: ignore[arg-type]
+            return f"{type(v).__name__}({','.join(items)})"  # type: ignore[arg-type]
+        if isinstance(v, dict):
+            pairs = [(go(k, depth + 1), go(x, depth + 1)) for k, x in v.items()]
+            if any(k is None or x is None for k, x in pairs):
+                return None
+            return "dict(" + ",".join(sorted(f"{k}={x}" for k, x in pairs)) + ")"  # type: ignore[str-bytes-safe]
+        if isinstance(v, type):
+            return f"type:{v.__module__}.{v.__qualname__}" if ours(v) else None
+        if isinstance(v, functools.partial):
+            parts = [go(v.func, depth + 1), go(v.args, depth + 1), go(v.keywords, depth + 1)]
+            return None if None in parts else f"partial({','.join(parts)})"  # type: ignore[arg-type]
+        if isinstance(v, types.MethodType):
+            owner = go(v.__self__, depth + 1)
+            return None if owner is None or not ours(v.__func__) else f"method:{v.__func__.__qualname__}:{owner}"
+        if isinstance(v, types.FunctionType):
+            if not ours(v) or "<locals>" in v.__qualname__ and v.__closure__:
+                return None
+            return f"function:{v.__module__}.{v.__qualname__}"
+        if dataclasses.is_dataclass(v) and ours(type(v)):
+            fields = [(f.name, go(getattr(v, f.name, None), depth + 1)) for f in dataclasses.fields(v)]
+            if any(x is None for _, x in fields):
+                return None
+            return f"{type(v).__module__}.{type(v).__qualname__}(" + ",".join(f"{n}={x}" for n, x in fields) + ")"
+        if isinstance(v, tuple) and hasattr(v, "_fields") and ours(type(v)):  # (a NamedTuple of ours)
+            return go(tuple(v), depth + 1)
+        return None
+
+    return go(value, 0)
 
 
 def _lapack_ready() -> None:
