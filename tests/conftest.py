@@ -25,9 +25,16 @@ from typing import Any, Callable
 
 import pytest
 
-from hpcevo.parallel import bind, discover
+# Programs kept on disk (hpcevo/driver/programs.py) are keyed by hpcevo's own source: after every
+# edit the first run compiles each program by XLA to keep it (the quick tier took 400 s instead
+# of 170). The suite runs without them, in its processes and the ones it starts;
+# tests/test_programs.py turns them on where it tests them (runs with them bitwise the runs
+# without, for every algorithm).
+os.environ.setdefault("HPCEVO_PROGRAM_CACHE", "0")
 
-from profile_plugin import install as install_profile
+from hpcevo.parallel import bind, discover  # noqa: E402
+
+from profile_plugin import install as install_profile  # noqa: E402
 
 # Bind before any test touches JAX: one XLA thread per rank, as runs do by default.
 CTX = bind(discover(), device="cpu", threads=1)

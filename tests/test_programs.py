@@ -71,6 +71,46 @@ def test_a_second_launch_loads_its_programs_and_runs_bitwise_the_run_compiled_fr
     assert launch(cache, tmp_path / "after")["programs_loaded"] >= 2
 
 
+EVERY = r"""
+import json, sys
+import hpcevo
+from hpcevo.algorithms import ALGORITHMS
+from hpcevo.driver import programs
+from hpcevo.problems import make_problem
+out = {}
+for name, cls in sorted(ALGORITHMS.items()):
+    problem = make_problem("zdt1", 5) if cls.multi_objective else make_problem("rastrigin", 5)
+    kw = {"neighbours": 4} if name == "moead" else {}
+    algorithm = cls(pop_size=14, dim=5, lb=problem.lb, ub=problem.ub, **kw)
+    loop = hpcevo.Loop(algorithm, problem).init(3).advance(6)
+    out[name] = loop.digest()
+print(json.dumps({"digests": out, "loaded": programs.loaded, "kept": programs.stored}))
+"""
+
+
+@pytest.mark.single_process
+@pytest.mark.slow  # (three interpreters, each compiling or loading 28 programs)
+def test_every_algorithm_loaded_from_disk_runs_bitwise_as_compiled(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+
+    def script(store: bool) -> dict:
+        # (without the store, over the suite's own cache where it has one: compiled there before)
+        where = cache if store else os.environ.get("JAX_COMPILATION_CACHE_DIR", cache)
+        env = {**clean_env(), "JAX_COMPILATION_CACHE_DIR": str(where), "HPCEVO_PROGRAM_CACHE": "1" if store else "0"}
+        r = subprocess.run([sys.executable, "-c", EVERY], capture_output=True, text=True, env=env, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    from hpcevo.algorithms import ALGORITHMS
+
+    off, first, again = script(False), script(True), script(True)
+    assert set(off["digests"]) == set(ALGORITHMS) and off["loaded"] == off["kept"] == 0
+    assert first["kept"] == 2 * len(ALGORITHMS) and first["loaded"] == 0
+    assert again["loaded"] == 2 * len(ALGORITHMS) and again["kept"] == 0
+    assert off["digests"] == first["digests"] == again["digests"]
+
+
 @pytest.mark.single_process
 def test_what_a_program_is_made_of_is_written_out_for_hpcevos_pieces_only():
     """The id of an engine's programs (the key that shares engines in a process, written out):
@@ -134,15 +174,23 @@ def test_the_key_holds_the_process_that_compiles(monkeypatch, tmp_path):
     assert programs.store_for(tmp_path) is None
 
 
-def test_programs_of_several_ranks_are_never_kept(ctx, shared_tmp):
+def test_programs_of_several_ranks_are_never_kept(ctx, shared_tmp, monkeypatch):
     """A program of several ranks holds its communicator: at 2-4 ranks a run keeps and loads
-    nothing; at one rank it keeps its programs or loads them."""
+    nothing and its engine has no store; at one rank (with a compilation cache) it has one."""
+    import jax
+
+    from hpcevo.algorithms import CSO
+    from hpcevo.problems import make_problem
+
+    monkeypatch.setenv(programs.SWITCH, "1")  # (the suite runs without: conftest.py)
     out = shared_tmp / f"np{ctx.size}"
-    cfg = {"algorithm": {"name": "cso", "pop_size": 13}, "problem": {"name": "rastrigin", "dim": 6},
+    cfg = {"algorithm": {"name": "cso", "pop_size": 17}, "problem": {"name": "rastrigin", "dim": 7},
            "run": {"generations": 12, "out": str(out)}}
     hpcevo.run(cfg, ctx=ctx, quiet=True)
     summary = json.loads((out / "summary.json").read_text())
+    problem = make_problem("rastrigin", 7)
+    engine = hpcevo.Loop(CSO(pop_size=17, dim=7, lb=problem.lb, ub=problem.ub), problem, ctx).engine
     if ctx.size > 1:
-        assert summary["programs_kept"] == summary["programs_loaded"] == 0
-    elif summary["compile_cache"] and programs.enabled():
-        assert summary["programs_kept"] + summary["programs_loaded"] >= 2
+        assert summary["programs_kept"] == summary["programs_loaded"] == 0 and engine.disk is None
+    elif jax.config.jax_compilation_cache_dir and programs.enabled():
+        assert engine.disk is not None and engine.disk[0].directory == Path(jax.config.jax_compilation_cache_dir)

@@ -189,7 +189,10 @@ class ProgramStore:
         lowered = lower()
         hits = _cache_hits[0]
         with _fresh():
-            compiled = lowered.compile()
+            # A compiler option at its default value: no other code, but another key for JAX's
+            # in-process compilation cache, which may hold this program loaded from JAX's cache
+            # (this process ran it before through jit), which could not be kept.
+            compiled = lowered.compile(compiler_options=FRESH_OPTIONS)
         kept = extra() if extra is not None else {}
         if _cache_hits[0] == hits:
             self.save(key, lowered, compiled, kept)
@@ -202,6 +205,7 @@ class ProgramStore:
 # not taken from JAX's cache (once per program: the store holds it next time), and one that
 # came from JAX's cache all the same (counted below) is used but not kept.
 _cache_hits = [0]
+FRESH_OPTIONS = {"xla_dump_hlo_as_text": False}
 
 
 def _count_hits(event: str, **_: Any) -> None:
