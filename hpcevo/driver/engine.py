@@ -601,7 +601,7 @@ class DeviceEngine:
 
     def keep_on_disk(self, store: Any, program_id: str) -> None:
         """Compile through ``store`` (``programs.ProgramStore``): ``program_id`` names what this
-        engine's programs are made from (``build.disk_program_id``); one rank only."""
+        engine's programs are made from (``loop.disk_id``); one rank only."""
         if self.ctx.size != 1:
             raise ValueError("keep_on_disk: a program of several ranks holds its communicator")
         if self.disk is None:

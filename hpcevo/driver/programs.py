@@ -218,7 +218,8 @@ jax.monitoring.register_event_listener(_count_hits)
 
 class _fresh:
     """JAX's persistent cache off for one compile (``reset_cache``: JAX decides whether to use
-    it once, at its first compile, and again after a reset)."""
+    it once, at its first compile, and again after a reset). Process-wide while it lasts: a
+    thread compiling beside it then compiles without JAX's cache too (slower, never wrong)."""
 
     def __enter__(self) -> None:
         from jax.experimental.compilation_cache import compilation_cache as cc
