@@ -194,3 +194,25 @@ def test_programs_of_several_ranks_are_never_kept(ctx, shared_tmp, monkeypatch):
         assert summary["programs_kept"] == summary["programs_loaded"] == 0 and engine.disk is None
     elif jax.config.jax_compilation_cache_dir and programs.enabled():
         assert engine.disk is not None and engine.disk[0].directory == Path(jax.config.jax_compilation_cache_dir)
+
+
+@pytest.mark.single_process
+def test_a_program_calling_out_of_xla_is_not_kept_but_lapack_is(tmp_path):
+    """A host callback (a Python function's address) or an MPI call (a communicator) belongs to
+    the process that compiled it: such a program is used, never kept. LAPACK's calls are kept
+    (their entry points are set up before a load)."""
+    import jax
+    import jax.numpy as jnp
+
+    store = programs.ProgramStore(tmp_path)
+    callback = jax.jit(lambda a: jax.pure_callback(lambda x: x * 2, jax.ShapeDtypeStruct((3,), jnp.float32), a,
+                                                   vmap_method="sequential"))
+    exe, _, hit = store.obtain(store.key("cb", "first", ()), lambda: callback.lower(jnp.ones(3, jnp.float32)))
+    assert not hit and not list(tmp_path.iterdir())
+    assert np.array_equal(exe(jnp.ones(3, jnp.float32)), np.full(3, 2.0))
+    eigh = jax.jit(lambda a: jnp.linalg.eigh(a)[0])
+    a = jnp.asarray([[2.0, 1.0], [1.0, 3.0]], jnp.float32)
+    exe, _, hit = store.obtain(store.key("eigh", "first", ()), lambda: eigh.lower(a))
+    assert not hit and len(list(tmp_path.glob("hpcevo-*.program"))) == 1
+    again, _, hit = store.obtain(store.key("eigh", "first", ()), lambda: eigh.lower(a))
+    assert hit and np.array_equal(again(a), exe(a)) and np.array_equal(again(a), eigh(a))

@@ -31,8 +31,7 @@ from ..parallel.control import rank_local
 from ..parallel.info import oversubscription
 from ..parallel.watchdog import Watchdog
 from ..provenance import versions
-from . import build, noisy, rules, startup
-from . import programs
+from . import build, noisy, programs, rules, startup
 from .archipelago import Archipelago
 from .coco_log import CocoLog
 from .engine import MAX_CHUNK

@@ -635,8 +635,6 @@ _ENGINES: list[tuple[tuple, DeviceEngine]] = []
 def device_engine(algorithm: Algorithm, problem: Problem, ctx: ParallelContext, microbatch: int | None,
                   batch_size: int | None, recorder: Any, trace: str = "") -> DeviceEngine:
     """A ``DeviceEngine`` for these pieces: a kept one when an earlier loop had the same."""
-    # A problem whose instance data are arguments (``program_data``) is one program for all its
-    # instances.
     with_data = getattr(problem, "program_data", None) is not None
     key = engine_key(algorithm, problem, ctx, microbatch, batch_size, recorder, trace)
     for i, (k, engine) in enumerate(_ENGINES):
