@@ -400,8 +400,10 @@ def test_a_loop_script_keeps_its_programs_for_its_next_launch(tmp_path):
     import subprocess
     import sys
 
+    # (as a user's script starts: no cache named, programs kept on disk as by default)
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "HPCEVO_TEST_PROFILE")}
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "HPCEVO_TEST_PROFILE",
+                        "HPCEVO_PROGRAM_CACHE")}
 
     def launch(*args, home):
         r = subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, timeout=300,
