@@ -152,7 +152,7 @@ def test_block_invariance_is_bitwise(function, dtype):
     """A row's value is the same bits alone, in a block of 3 and in a block of 64; inside a
     jitted step where the problem is a static argument (its data then compile in as constants);
     and in a program that takes the data as an argument, as a run's engine does (``evaluate_with``
-    with ``program_data``, shared by all instances)."""
+    with ``program_data``, shared by all functions and instances), also one built for another function."""
 
     @partial(jax.jit, static_argnums=0)
     def step(problem, x):
@@ -173,8 +173,14 @@ def test_block_invariance_is_bitwise(function, dtype):
         threes = np.concatenate([np.asarray(p.evaluate(x[i : i + 3])) for i in range(0, ROWS, 3)])
         in_step = np.asarray(step(p, jnp.asarray(x)))
         with_data = np.asarray(program(p, jnp.asarray(x), p.program_data))
+        # The function is data too: the program made for another function's problem (every
+        # function of a dimension is one program) gives this function's values.
+        other = make_bbob(function % 24 + 1, 1, SMALL_D)
+        assert other.program == p.program
+        through_other = np.asarray(program(other, jnp.asarray(x), p.program_data))
         for name, parts in (("alone", alone), ("in blocks of 3", threes), ("in a jitted step", in_step),
-                            ("with its data as an argument", with_data)):
+                            ("with its data as an argument", with_data),
+                            ("in the program of another function", through_other)):
             assert np.array_equal(parts, whole), (
                 f"f{function} {dtype}: rows evaluated {name} differ from the block of {ROWS} in rows "
                 f"{np.flatnonzero(parts != whole)[:10].tolist()}")
@@ -202,10 +208,14 @@ def test_problem_attributes_and_bounds():
     # A problem is a jit static argument: equal arguments, equal (and equally hashed) problems.
     assert make_bbob(21, 7, 3) == p and hash(make_bbob(21, 7, 3)) == hash(p)
     assert make_bbob(21, 8, 3) != p
-    # Instances of a function (in a dimension and box) are one program, with their own data.
-    assert make_bbob(21, 8, 3).program == p.program and make_bbob(22, 7, 3).program != p.program
-    assert make_bbob(21, 7, 3, lb=-4.0).program != p.program
-    assert set(p.program_data) == set(make_bbob(21, 8, 3).program_data)
+    # Every function and instance in a dimension and box is one program, with its own data, laid
+    # out alike (the same keys, shapes and dtypes).
+    assert make_bbob(21, 8, 3).program == p.program == make_bbob(22, 7, 3).program == make_bbob(1, 2, 3).program
+    assert make_bbob(21, 7, 3, lb=-4.0).program != p.program and make_bbob(21, 7, 4).program != p.program
+    layouts = {tuple((k, np.asarray(v).shape, np.asarray(v).dtype.str) for k, v in sorted(make_bbob(f, i, 3).program_data.items()))
+               for f in bbob.FUNCTIONS for i in (1, 8)}
+    assert len(layouts) == 1
+    assert int(p.program_data["function"]) == 21 and int(make_bbob(22, 7, 3).program_data["function"]) == 22
     # Other search bounds change the box handed to the algorithm, never the function.
     q = make_bbob(21, 7, 3, lb=-10.0, ub=[10.0, 20.0, 30.0])
     assert q.lb == (-10.0,) * 3 and q.ub == (10.0, 20.0, 30.0)

@@ -196,17 +196,25 @@ def test_a_copied_or_moved_run_continues_its_own_coco_files(tmp_path):
 
 
 @pytest.mark.single_process
-def test_instances_of_a_function_share_one_compiled_program():
+def test_functions_and_instances_share_one_compiled_program():
+    """Every BBOB function and instance of a dimension is one program (the function is data, a
+    branch of one switch: problems/bbob.py): a campaign of 24 functions compiles and loads one
+    set of programs, not 24. A run on the shared engine equals the run on a fresh one."""
     from hpcevo.driver import loop as loop_module
 
     algorithm = hpcevo.algorithms.CMAES(pop_size=8, dim=3, lb=-5.0, ub=5.0)
-    loops = [hpcevo.Loop(algorithm, make_bbob(15, i, 3)).init(0).advance(20) for i in (1, 2, 3)]
-    assert loops[0].engine is loops[1].engine is loops[2].engine
-    assert len({lp.digest() for lp in loops}) == 3  # other instances, other runs
-    loop_module._ENGINES.clear()  # a fresh engine for instance 2 gives the same run
-    again = hpcevo.Loop(algorithm, make_bbob(15, 2, 3)).init(0).advance(20)
-    assert again.engine is not loops[1].engine and again.digest() == loops[1].digest()
-    assert hpcevo.Loop(algorithm, make_bbob(16, 1, 3)).engine is not loops[0].engine  # another function
+    made = [(15, 1), (15, 2), (15, 3), (1, 1), (21, 2), (22, 2), (24, 5)]
+    loops = [hpcevo.Loop(algorithm, make_bbob(f, i, 3)).init(0).advance(20) for f, i in made]
+    assert all(lp.engine is loops[0].engine for lp in loops)
+    assert len({lp.digest() for lp in loops}) == len(made)  # other problems, other runs
+    for k in (1, 4, 5, 6):  # a fresh engine for each gives the same run
+        loop_module._ENGINES.clear()
+        again = hpcevo.Loop(algorithm, make_bbob(*made[k], 3)).init(0).advance(20)
+        assert again.engine is not loops[k].engine and again.digest() == loops[k].digest(), made[k]
+        assert again.best_fitness == loops[k].best_fitness
+    # each run solved its own function: its best is near that function's fopt, not another's
+    for (f, i), lp in zip(made, loops):
+        assert lp.best_fitness >= make_bbob(f, i, 3).fopt
 
 
 @pytest.mark.single_process

@@ -114,7 +114,7 @@ def test_every_algorithm_loaded_from_disk_runs_bitwise_as_compiled(tmp_path):
 @pytest.mark.single_process
 def test_what_a_program_is_made_of_is_written_out_for_hpcevos_pieces_only():
     """The id of an engine's programs (the key that shares engines in a process, written out):
-    equal where the programs are (another BBOB instance or hyper-parameter value: data to them),
+    equal where the programs are (another BBOB function, instance or hyper-parameter value: data to them),
     other where they differ; none for code of the user's."""
     from types import SimpleNamespace
 
@@ -134,7 +134,8 @@ def test_what_a_program_is_made_of_is_written_out_for_hpcevos_pieces_only():
     cma = CMAES(pop_size=12, dim=5, lb=f8[0].lb, ub=f8[0].ub)
     same = made_of(cma, f8[0])
     assert same is not None and made_of(cma, f8[1]) == same == made_of(cma, f8[0])  # (the instance is data)
-    others = [made_of(CMAES(pop_size=14, dim=5, lb=f8[0].lb, ub=f8[0].ub), f8[0]), made_of(cma, make_bbob(9, 1, 5)),
+    assert made_of(cma, make_bbob(9, 1, 5)) == same  # (so is the function: problems/bbob.py)
+    others = [made_of(CMAES(pop_size=14, dim=5, lb=f8[0].lb, ub=f8[0].ub), f8[0]), made_of(cma, make_bbob(8, 1, 5, lb=-4.0)),
               made_of(cma, f8[0], microbatch=4), made_of(cma, f8[0], trace="f")]
     assert None not in others and len({same, *others}) == 5
     assert disk_id(f8[0], engine_key(cma, f8[0], SimpleNamespace(size=1, device_kind="gpu"), None, None,

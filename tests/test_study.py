@@ -300,30 +300,33 @@ def test_runs_of_one_program_are_spread_so_that_groups_compile_different_program
     """Longest first, and among runs of one cost each program's first run, then each one's second:
     in the plain order a program's runs sat side by side, every group took one at the same moment
     and compiled the same program (a 2-group BBOB slice: each program twice, issue 41). BBOB's
-    instances, seeds, budgets and targets are data to a program; dimensions and functions are not.
-    The launch hands the runs out in that order (its journal)."""
+    functions, instances, seeds, budgets and targets are data to a program; dimensions and static
+    settings (CMA-ES's sigma_init) are not. The launch hands the runs out in that order (its journal)."""
     from hpcevo.studies.runner import spread_programs
 
+    base = {"algorithm": {"name": "cmaes", "pop_size": 4}, "problem": {"name": "bbob", "function": 1, "instance": 1},
+            "run": {"target_precision": 1e-8}, "log": {"every": 1000}, "checkpoint": {"every": 0}}
+    dims = {"zip": {"problem.dim": [2, 3], "run.evaluations": [24, 36]}, "labels": ["d2", "d3"], "role": "problem"}
+    functions = load_study({"study": {"out": str(tmp_path / "f")}, "base": base,
+                            "axis": [{"key": "problem.function", "values": list(range(1, 25))}, dims]})
+    assert len(functions.runs) == 48 and len({r.program for r in functions.runs}) == 2  # one per dimension
     study = load_study({
-        "study": {"seeds": 2, "out": str(tmp_path / "s")},
-        "base": {"algorithm": {"name": "cmaes", "pop_size": 4}, "problem": {"name": "bbob"},
-                 "run": {"target_precision": 1e-8}, "log": {"every": 1000}, "checkpoint": {"every": 0}},
-        "axis": [{"key": "problem.function", "values": [1, 8], "labels": ["f1", "f8"]},
-                 {"zip": {"problem.dim": [2, 3], "run.evaluations": [24, 36]}, "labels": ["d2", "d3"], "role": "problem"},
+        "study": {"seeds": 2, "out": str(tmp_path / "s")}, "base": base,
+        "axis": [{"key": "algorithm.sigma_init", "values": [0.3, 0.5], "labels": ["a", "b"]}, dims,
                  {"key": "problem.instance", "values": [1, 2], "labels": ["i1", "i2"]}]})
     runs = sorted(study.runs, key=lambda r: (-r.cost(), r.configuration, r.problem, r.index))
-    assert [r.problem for r in runs[:8]] == ["f1-d3-i1"] * 2 + ["f1-d3-i2"] * 2 + ["f8-d3-i1"] * 2 + ["f8-d3-i2"] * 2
+    assert [r.problem for r in runs[:8]] == (["d3-i1"] * 2 + ["d3-i2"] * 2) * 2
+    assert [r.configuration for r in runs[:8]] == ["a"] * 4 + ["b"] * 4
     assert runs[0].cost() == 36 * 3 and runs[-1].cost() == 24 * 2  # (the budget, not 100 generations)
     assert len({r.program for r in runs}) == 4 and runs[0].program == runs[3].program != runs[4].program
     spread = spread_programs(runs)
     assert sorted(r.index for r in spread) == sorted(r.index for r in runs)
-    assert [r.name for r in spread[:4]] == ["cmaes__f1-d3-i1__s0", "cmaes__f8-d3-i1__s0",
-                                           "cmaes__f1-d3-i1__s1", "cmaes__f8-d3-i1__s1"]
-    assert all(r.problem.endswith("-d3-" + r.problem[-2:]) for r in spread[:8])  # dim 3 (longer) first
-    assert [r.problem[:2] for r in spread[8:12]] == ["f1", "f8", "f1", "f8"]
+    assert [r.name for r in spread[:4]] == ["a__d3-i1__s0", "b__d3-i1__s0", "a__d3-i1__s1", "b__d3-i1__s1"]
+    assert all(r.problem.startswith("d3-") for r in spread[:8])  # dim 3 (longer) first
+    assert [r.configuration for r in spread[8:12]] == ["a", "b", "a", "b"]
     hpcevo.study(study, quiet=True)  # one group: it goes on with each program it has loaded
     started = [e["run"] for e in read_events(study.out) if e.get("event") == "start"]
-    assert started == [f"cmaes__{f}-{d}-{i}__s{seed}" for d in ("d3", "d2") for f in ("f1", "f8")
+    assert started == [f"{c}__{d}-{i}__s{seed}" for d in ("d3", "d2") for c in ("a", "b")
                        for i in ("i1", "i2") for seed in (0, 1)]
     # Each run's start-up is its own (issue 41; before, every run of a process reported the
     # process's first run's phases): a later run's setup, compile and first generation, counted

@@ -597,6 +597,64 @@ def evaluate_bbob(function: int, x: Array, data: dict) -> Array:
     return jnp.where(jnp.any(jnp.isnan(x), axis=-1), jnp.nan, f)
 
 
+# -- one program for all 24 functions -------------------------------------------------------------
+#
+# A run's engine takes the function too as data (``BBOBProblem.program_data``): one program per
+# dimension and box serves all 24 functions and all their instances, so a campaign compiles and
+# loads a handful of programs where it compiled one set per function (24x as many, each taking
+# seconds to compile and ~0.1 s to load). The program holds every function as a branch of a
+# ``lax.switch``; a generation runs only its own. The instance's arrays go in one dictionary
+# whose keys and shapes depend on the dimension alone: each function's arrays under their own
+# names, zeros where another function's would be (f22's Gallagher arrays, of another shape than
+# f21's, under their own names).
+
+_GALLAGHER_21 = ("peak", "scales", "centres")
+
+
+def _layout(dim: int) -> dict[str, tuple[int, ...]]:
+    """The key and shape of every array any function's instance has in ``dim`` dimensions."""
+    d, dd = (dim,), (dim, dim)
+    vectors = ("xopt", "w", "cond", "asy", "brs_pos", "brs_neg", "best", "s", "five_abs_s", "flat", "expo", "sign",
+               "two_abs")
+    return {"fopt": (), "factor": (), **{k: d for k in vectors}, **{k: dd for k in ("m", "a", "r1", "r")},
+            "peak": (101,), "scales": (dim, 101), "centres": (dim, 101),
+            **{f"{k}21": shape for k, shape in (("peak", (21,)), ("scales", (dim, 21)), ("centres", (dim, 21)))}}
+
+
+def _slot(function: int, key: str) -> str:
+    return f"{key}21" if function == 22 and key in _GALLAGHER_21 else key
+
+
+def _all_functions_data(function: int, dim: int, data: dict) -> dict:
+    """``data`` (one instance of ``function``) in the layout shared by every function of ``dim``."""
+    layout = _layout(dim)
+    out = {k: np.zeros(shape) for k, shape in layout.items()}
+    for k, v in data.items():
+        slot = _slot(function, k)
+        if slot not in layout or layout[slot] != np.shape(v):
+            raise AssertionError(f"bbob f{function}: '{k}' {np.shape(v)} has no place in the shared layout")
+        out[slot] = np.asarray(v, np.float64)
+    return out
+
+
+def _branch(function: int, x: Array, data: dict) -> Array:
+    own = {k: data[_slot(function, k)] for k in _KEYS[function]}
+    return evaluate_bbob(function, x, own)
+
+
+# Which arrays each function reads (its instance's keys; the same for every instance and dim).
+_KEYS: dict[int, tuple[str, ...]] = {f: tuple(_instance(f, 1, 2)[2]) for f in FUNCTIONS}
+_BRANCHES = tuple(partial(_branch, f) for f in FUNCTIONS)
+
+
+def evaluate_any(x: Array, data: dict) -> Array:
+    """The BBOB function ``data["function"]`` (a traced integer, 1-24) at ``x`` for instance data in
+    the shared layout: the one program of all 24 functions (``BBOBProblem.program_data``)."""
+    arrays = {k: jnp.asarray(v).astype(x.dtype) for k, v in data.items() if k != "function"}
+    index = jnp.clip(jnp.asarray(data["function"], jnp.int32) - 1, 0, len(FUNCTIONS) - 1)
+    return jax.lax.switch(index, _BRANCHES, x, arrays)
+
+
 # -- the problem ----------------------------------------------------------------------------------
 
 
@@ -662,22 +720,27 @@ class BBOBProblem(Problem):
     __call__ = evaluate
 
     # The protocol's instance data as program arguments (``base.Problem.program_data``): a run
-    # passes ``program_data`` into its compiled programs, and every instance of a function, in a
-    # dimension and box, shares them.
+    # passes ``program_data`` into its compiled programs, and every function and instance, in a
+    # dimension and box, shares them (the section above).
     @property
     def program(self) -> tuple:
-        return ("bbob", self.function, self.dim, self.lb, self.ub)
+        return ("bbob", self.dim, self.lb, self.ub)
 
     @property
     def program_data(self) -> dict:
-        """The instance's arrays in float64 (``evaluate_with`` rounds them to the candidates' dtype)."""
-        return self._data
+        """The function's number and the instance's arrays (float64, in the layout every function
+        of this dimension shares; ``evaluate_with`` rounds them to the candidates' dtype)."""
+        if "shared" not in self._by_dtype:
+            shared = _all_functions_data(self.function, self.dim, self._data)
+            self._by_dtype["shared"] = {"function": np.asarray(self.function, np.int32), **shared}
+        return self._by_dtype["shared"]
 
     def evaluate_with(self, x, data, *generation) -> Array:
-        """``evaluate`` with the instance data ``data`` (``program_data``, maybe traced) as an
-        argument: the same values, bit for bit (rounded to x's dtype as ``data(dtype)`` rounds)."""
+        """``evaluate`` with the function and instance data ``data`` (``program_data``, maybe
+        traced) as an argument: the same values, bit for bit (rounded to x's dtype as
+        ``data(dtype)`` rounds), for whichever function ``data`` names."""
         x = self._candidates(x)
-        return evaluate_bbob(self.function, x, jax.tree.map(lambda a: jnp.asarray(a).astype(x.dtype), data))
+        return evaluate_any(x, data)
 
 
 def _integer(name: str, value) -> int:

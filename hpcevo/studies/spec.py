@@ -156,7 +156,7 @@ class StudyRun:
     @property
     def program(self) -> str:
         """What its compiled programs are made of: its config less what is data to them (the
-        seed, the BBOB instance, budgets and targets) and what never reaches them (where and how
+        seed, the BBOB function and instance, budgets and targets) and what never reaches them (where and how
         long it runs, logs, checkpoints). Runs with one value share their programs: the first to
         run compiles them, the others load them from the compilation cache."""
         d = {k: dict(v) if isinstance(v, dict) else v for k, v in self.data.items() if k not in ("log", "checkpoint")}
@@ -164,6 +164,8 @@ class StudyRun:
                     "stagnation_generations", "stagnation_tolerance", "reevaluate"):
             d.get("run", {}).pop(key, None)
         d.get("problem", {}).pop("instance", None)
+        if d.get("problem", {}).get("name") == "bbob":  # one program for all 24 functions (problems/bbob.py)
+            d["problem"].pop("function", None)
         return json.dumps(d, sort_keys=True, default=repr)
 
 
