@@ -212,9 +212,11 @@ def test_problem_attributes_and_bounds():
     # out alike (the same keys, shapes and dtypes).
     assert make_bbob(21, 8, 3).program == p.program == make_bbob(22, 7, 3).program == make_bbob(1, 2, 3).program
     assert make_bbob(21, 7, 3, lb=-4.0).program != p.program and make_bbob(21, 7, 4).program != p.program
-    layouts = {tuple((k, np.asarray(v).shape, np.asarray(v).dtype.str) for k, v in sorted(make_bbob(f, i, 3).program_data.items()))
-               for f in bbob.FUNCTIONS for i in (1, 8)}
-    assert len(layouts) == 1
+    for dim in (3, 40):
+        layouts = {tuple((k, np.asarray(v).shape, np.asarray(v).dtype.str)
+                         for k, v in sorted(make_bbob(f, i, dim).program_data.items()))
+                   for f in bbob.FUNCTIONS for i in (1, 8)}
+        assert len(layouts) == 1, dim
     assert int(p.program_data["function"]) == 21 and int(make_bbob(22, 7, 3).program_data["function"]) == 22
     # Other search bounds change the box handed to the algorithm, never the function.
     q = make_bbob(21, 7, 3, lb=-10.0, ub=[10.0, 20.0, 30.0])

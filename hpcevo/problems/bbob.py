@@ -55,9 +55,10 @@ on the other rows of its block (matrix-vector products and sums as fenced elemen
 products and tree sums, never ``dot`` or a ``reduce``; see "Bitwise block invariance" in
 ``numerical.py``). One compiled program per (function, dimension, dtype, block shape) serves
 every instance: the instance's data are arguments of ``evaluate_bbob``. A run's engine passes
-them in as arguments too (``program_data``, ``evaluate_with``: all instances of a function
-share its programs); ``BBOBProblem.evaluate`` jitted on its own compiles them in as constants.
-All three give the same bits.
+the function's number in with them (``program_data``, ``evaluate_with``: one ``lax.switch``
+over the 24 functions, so every function and instance of a dimension and box shares one set of
+programs); ``BBOBProblem.evaluate`` jitted on its own compiles them in as constants. All three
+give the same bits: the fences keep each function's arithmetic its own in any of them.
 """
 
 from __future__ import annotations
@@ -632,7 +633,7 @@ def _all_functions_data(function: int, dim: int, data: dict) -> dict:
     for k, v in data.items():
         slot = _slot(function, k)
         if slot not in layout or layout[slot] != np.shape(v):
-            raise AssertionError(f"bbob f{function}: '{k}' {np.shape(v)} has no place in the shared layout")
+            raise RuntimeError(f"bbob f{function}: '{k}' {np.shape(v)} has no place in the shared layout")
         out[slot] = np.asarray(v, np.float64)
     return out
 
