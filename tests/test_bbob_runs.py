@@ -12,6 +12,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -269,3 +271,31 @@ def test_bad_bbob_and_coco_configs_are_one_message(tmp_path):
             hpcevo.run({**base, "problem": problem}, quiet=True)
     with pytest.raises(hpcevo.ConfigError, match="log.coco.*needs a BBOB problem"):
         hpcevo.run({**base, "problem": {"name": "sphere", "dim": 2}, "log": {"coco": True}}, quiet=True)
+
+
+@pytest.mark.single_process
+def test_a_dispatchs_traced_rows_come_home_without_a_program_for_each_length():
+    """A run logging COCO's data brings each dispatch's fitness values and candidates home, cut
+    to the generations it ran. Cut on the device, that was a slice compiled for every length:
+    each run's last dispatch has its own, 30% of a warm 48-run BBOB study. Now a handful of
+    slices serve every length, and the rows are the same."""
+    import jax.monitoring
+
+    from hpcevo.driver.engine import _first_rows
+
+    values = jnp.arange(200 * 3 * 2, dtype=jnp.float32).reshape(200, 3, 2)
+    compiled = []
+
+    def heard(event, seconds, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    try:
+        for n in range(0, 201):
+            rows = _first_rows(values, n)
+            assert isinstance(rows, np.ndarray) and rows.shape == (n, 3, 2)
+            assert np.array_equal(rows, np.asarray(values)[:n])
+    finally:
+        jax.monitoring.unregister_event_duration_listener(heard)
+    assert len(compiled) <= 8, len(compiled)  # powers of two below 200: 1, 2, 4, ..., 128
