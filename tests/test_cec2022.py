@@ -103,3 +103,24 @@ def test_bad_dimension_and_missing_data(monkeypatch):
     monkeypatch.setattr(cec2022, "DATA_SOURCES", (("no_such_package_abc", "data"),))
     with pytest.raises(ValueError, match="pip install opfunu"):
         create("cec2022_f1", 10)
+
+
+@pytest.mark.single_process
+def test_runs_of_one_function_share_an_engine_and_run_as_on_a_fresh_one():
+    """Problems made with equal arguments are equal and equally hashed (the organisers' data for
+    a function and dimension are one), so a campaign's runs of a function share one engine and
+    its compiled programs in a process; each run built its own before (0.5 s a run). The run
+    on the shared engine is the run on a fresh one."""
+    from hpcevo.driver import loop as loop_module
+
+    made = [cec2022.make_cec2022("cec2022_f7", 10) for _ in range(3)]
+    assert made[0] == made[1] == made[2] and len({hash(p) for p in made}) == 1
+    assert made[0] != cec2022.make_cec2022("cec2022_f8", 10) != cec2022.make_cec2022("cec2022_f8", 20)
+    assert cec2022.make_cec2022("cec2022_f7", 10, lb=-50.0) != made[0]
+    algorithm = hpcevo.algorithms.DE(pop_size=12, dim=10, lb=made[0].lb, ub=made[0].ub)
+    loops = [hpcevo.Loop(algorithm, p).init(seed).advance(15) for seed, p in enumerate(made)]
+    assert loops[0].engine is loops[1].engine is loops[2].engine
+    assert hpcevo.Loop(algorithm, cec2022.make_cec2022("cec2022_f8", 10)).engine is not loops[0].engine
+    loop_module._ENGINES.clear()
+    again = hpcevo.Loop(algorithm, cec2022.make_cec2022("cec2022_f7", 10)).init(2).advance(15)
+    assert again.engine is not loops[2].engine and again.digest() == loops[2].digest()

@@ -337,15 +337,18 @@ def _evaluate(number: int, x: Array, d: _Data) -> Array:
 NAMES = tuple(f"cec2022_f{i}" for i in range(1, 13))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class CEC2022Problem(Problem):
-    """CEC 2022 function ``number`` (1-12) in ``dim`` (10 or 20) dimensions, box [-100, 100]."""
+    """CEC 2022 function ``number`` (1-12) in ``dim`` (10 or 20) dimensions, box [-100, 100].
+    Equal arguments give equal, equally hashed problems (the data are the organisers' files for
+    that function and dimension): the runs of a function share one engine and its compiled
+    programs in a process, where each run built its own (0.5 s a run)."""
 
     number: int
     dim: int
     lb: tuple[float, ...]
     ub: tuple[float, ...]
-    data: _Data = field(repr=False)
+    data: _Data = field(repr=False, compare=False)
     num_objectives: int = 1
     block_invariant: ClassVar[bool] = True  # pairwise sums, fenced products (module docstring)
 
