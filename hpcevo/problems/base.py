@@ -18,10 +18,10 @@ One more optional part of a JAX problem, read with ``getattr`` and so left out o
 (a protocol's every member is required by ``isinstance``, which would refuse objects written to
 the members above): instance data as arguments of the compiled programs rather than constants
 in them. ``program_data`` (a pytree of arrays; None or absent: none), ``program`` (a hashable id
-of the code, e.g. BBOB's function, dimension and box) and ``evaluate_with(x, program_data[,
+of the code, e.g. BBOB's dimension and box) and ``evaluate_with(x, program_data[,
 generation])``: a run passes the data into its programs, and problems with equal ``program``
-share one compiled program whatever their data (COCO's 15 instances of a function compile once;
-``bbob.py``).
+share one compiled program whatever their data (COCO's 24 functions x 15 instances of a
+dimension compile once: the function's number is data too; ``bbob.py``).
 """
 
 from __future__ import annotations
