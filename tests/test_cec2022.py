@@ -106,10 +106,12 @@ def test_bad_dimension_and_missing_data(monkeypatch):
 
 
 @pytest.mark.single_process
-def test_runs_of_one_function_share_an_engine_and_run_as_on_a_fresh_one():
-    """Problems made with equal arguments are equal and equally hashed (the organisers' data for
-    a function and dimension are one), so a campaign's runs of a function share one engine and
-    its compiled programs in a process; each run built its own before (0.5 s a run). The run
+def test_every_function_of_a_dimension_is_one_program_and_equal_problems_share_an_engine():
+    """Problems made with equal arguments are equal and equally hashed, and every function of a
+    dimension and box is one program (the function's number and the suite's data are its
+    arguments, each function a branch of one switch): a campaign's runs share one engine and
+    its compiled programs in a process, where each run built its own before (0.5 s a run). Each
+    function's values through another function's program are its own, bit for bit, and a run
     on the shared engine is the run on a fresh one."""
     from hpcevo.driver import loop as loop_module
 
@@ -117,10 +119,26 @@ def test_runs_of_one_function_share_an_engine_and_run_as_on_a_fresh_one():
     assert made[0] == made[1] == made[2] and len({hash(p) for p in made}) == 1
     assert made[0] != cec2022.make_cec2022("cec2022_f8", 10) != cec2022.make_cec2022("cec2022_f8", 20)
     assert cec2022.make_cec2022("cec2022_f7", 10, lb=-50.0) != made[0]
+    assert {cec2022.make_cec2022(n, 10).program for n in CEC2022_NAMES} == {made[0].program}
+    assert cec2022.make_cec2022("cec2022_f7", 20).program != made[0].program
+
+    for dim, dtype in ((10, "float32"), (20, "float64")):
+        with jax.enable_x64(dtype == "float64"):
+            program = jax.jit(cec2022.make_cec2022("cec2022_f1", dim).evaluate_with)
+            for number, name in enumerate(CEC2022_NAMES, 1):
+                p = cec2022.make_cec2022(name, dim)
+                x = np.random.default_rng([number, dim]).uniform(-100.0, 100.0, (33, dim)).astype(dtype)
+                # (jitted, as a run's step holds it: called op by op, f10 in 20-D gave one of
+                # these rows another last bit already before the switch)
+                alone, through = np.asarray(jax.jit(p.evaluate)(x)), np.asarray(program(x, p.program_data))
+                assert through.dtype == np.dtype(dtype) and np.array_equal(alone, through), (name, dim, dtype)
+
     algorithm = hpcevo.algorithms.DE(pop_size=12, dim=10, lb=made[0].lb, ub=made[0].ub)
-    loops = [hpcevo.Loop(algorithm, p).init(seed).advance(15) for seed, p in enumerate(made)]
-    assert loops[0].engine is loops[1].engine is loops[2].engine
-    assert hpcevo.Loop(algorithm, cec2022.make_cec2022("cec2022_f8", 10)).engine is not loops[0].engine
-    loop_module._ENGINES.clear()
-    again = hpcevo.Loop(algorithm, cec2022.make_cec2022("cec2022_f7", 10)).init(2).advance(15)
-    assert again.engine is not loops[2].engine and again.digest() == loops[2].digest()
+    problems = [*made, cec2022.make_cec2022("cec2022_f12", 10)]
+    loops = [hpcevo.Loop(algorithm, p).init(seed).advance(15) for seed, p in enumerate(problems)]
+    assert all(lp.engine is loops[0].engine for lp in loops)
+    for k in (2, 3):
+        loop_module._ENGINES.clear()
+        again = hpcevo.Loop(algorithm, problems[k]).init(k).advance(15)
+        assert again.engine is not loops[k].engine and again.digest() == loops[k].digest()
+    assert loops[3].best_fitness >= cec2022.BIAS[11] and loops[2].best_fitness >= cec2022.BIAS[6]

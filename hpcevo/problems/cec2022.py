@@ -33,6 +33,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -337,6 +338,42 @@ def _evaluate(number: int, x: Array, d: _Data) -> Array:
 NAMES = tuple(f"cec2022_f{i}" for i in range(1, 13))
 
 
+# -- one program for all 12 functions ------------------------------------------------------------
+#
+# A run's engine takes the function's number and the suite's data as arguments
+# (``CEC2022Problem.program_data``): one program per dimension and box serves all 12 functions,
+# each a branch of one ``lax.switch`` (a generation runs only its own), where each function was a
+# program of its own, compiled for seconds. The data are every function's arrays of the
+# dimension (the compositions' first k components only), one dictionary for all: the same
+# values as the constants ``evaluate`` compiles in, so the same bits.
+
+_SUITE: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+_PROGRAM_DATA: dict[tuple[int, int, str], dict[str, np.ndarray]] = {}
+
+
+def _suite_data(dim: int) -> dict[str, np.ndarray]:
+    key = (dim, str(data_dir()))
+    if key not in _SUITE:
+        out: dict[str, np.ndarray] = {}
+        for number in range(1, 13):
+            d = _load(number, dim)
+            k = len(_COMPOSITIONS[number][0]) if number in _COMPOSITIONS else None
+            out[f"shift{number}"] = d.shift if k is None else d.shift[:k]
+            out[f"rot{number}"] = d.rot if k is None else d.rot[: k * dim]
+            if d.shuffle is not None:
+                out[f"shuffle{number}"] = d.shuffle
+        _SUITE[key] = out
+    return _SUITE[key]
+
+
+def _branch(number: int, x: Array, data: dict, *generation) -> Array:
+    d = _Data(data[f"shift{number}"], data[f"rot{number}"], data.get(f"shuffle{number}"))
+    return _evaluate(number, x, d)
+
+
+_BRANCHES = tuple(partial(_branch, n) for n in range(1, 13))
+
+
 @dataclass(frozen=True)
 class CEC2022Problem(Problem):
     """CEC 2022 function ``number`` (1-12) in ``dim`` (10 or 20) dimensions, box [-100, 100].
@@ -363,13 +400,35 @@ class CEC2022Problem(Problem):
     def optimum_x(self) -> np.ndarray:
         return np.asarray(self.data.shift if self.number < 9 else self.data.shift[0])
 
-    def evaluate(self, x) -> Array:
+    def _candidates(self, x) -> Array:
         x = jnp.asarray(x)
         if x.shape[-1] != self.dim:
             raise ConfigError(f"{self.name}: expected candidates with last axis {self.dim}, got shape {x.shape}")
-        return _evaluate(self.number, x, self.data)
+        return x
+
+    def evaluate(self, x) -> Array:
+        return _evaluate(self.number, self._candidates(x), self.data)
 
     __call__ = evaluate
+
+    # The protocol's program data (``base.Problem.program_data``; the section above): every
+    # function of a dimension and box is one program.
+    @property
+    def program(self) -> tuple:
+        return ("cec2022", self.dim, self.lb, self.ub)
+
+    @property
+    def program_data(self) -> dict:
+        """The function's number and the suite's arrays for this dimension."""
+        key = (self.number, self.dim, str(data_dir()))
+        if key not in _PROGRAM_DATA:
+            _PROGRAM_DATA[key] = {"function": np.asarray(self.number, np.int32), **_suite_data(self.dim)}
+        return _PROGRAM_DATA[key]
+
+    def evaluate_with(self, x, data, *generation) -> Array:
+        """``evaluate`` for the function ``data`` names, its data as arguments: the same bits."""
+        index = jnp.clip(jnp.asarray(data["function"], jnp.int32) - 1, 0, len(NAMES) - 1)
+        return jax.lax.switch(index, _BRANCHES, self._candidates(x), data)
 
 
 def make_cec2022(name: str, dim: int | None, lb=None, ub=None) -> CEC2022Problem:

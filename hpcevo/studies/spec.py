@@ -156,7 +156,7 @@ class StudyRun:
     @property
     def program(self) -> str:
         """What its compiled programs are made of: its config less what is data to them (the
-        seed, the BBOB function and instance, budgets and targets) and what never reaches them
+        seed, the BBOB or CEC 2022 function, BBOB's instance, budgets and targets) and what never reaches them
         (where and how long it runs, logs, checkpoints). Runs with one value share their
         programs: the first to run compiles them, the others load them from the compilation cache."""
         d = {k: dict(v) if isinstance(v, dict) else v for k, v in self.data.items() if k not in ("log", "checkpoint")}
@@ -164,8 +164,11 @@ class StudyRun:
                     "stagnation_generations", "stagnation_tolerance", "reevaluate"):
             d.get("run", {}).pop(key, None)
         d.get("problem", {}).pop("instance", None)
-        if d.get("problem", {}).get("name") == "bbob":  # one program for all 24 functions (problems/bbob.py)
-            d["problem"].pop("function", None)
+        problem = d.get("problem", {})
+        if problem.get("name") == "bbob":  # one program for all 24 functions (problems/bbob.py)
+            problem.pop("function", None)
+        elif str(problem.get("name", "")).startswith("cec2022_f"):  # and for all 12 (cec2022.py)
+            problem["name"] = "cec2022"
         return json.dumps(d, sort_keys=True, default=repr)
 
 
