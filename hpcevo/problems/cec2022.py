@@ -348,7 +348,6 @@ NAMES = tuple(f"cec2022_f{i}" for i in range(1, 13))
 # values as the constants ``evaluate`` compiles in, so the same bits.
 
 _SUITE: dict[tuple[int, str], dict[str, np.ndarray]] = {}
-_PROGRAM_DATA: dict[tuple[int, int, str], dict[str, np.ndarray]] = {}
 
 
 def _suite_data(dim: int) -> dict[str, np.ndarray]:
@@ -386,6 +385,7 @@ class CEC2022Problem(Problem):
     lb: tuple[float, ...]
     ub: tuple[float, ...]
     data: _Data = field(repr=False, compare=False)
+    _program_data: dict = field(default_factory=dict, repr=False, compare=False)  # built at first use
     num_objectives: int = 1
     block_invariant: ClassVar[bool] = True  # pairwise sums, fenced products (module docstring)
 
@@ -420,10 +420,10 @@ class CEC2022Problem(Problem):
     @property
     def program_data(self) -> dict:
         """The function's number and the suite's arrays for this dimension."""
-        key = (self.number, self.dim, str(data_dir()))
-        if key not in _PROGRAM_DATA:
-            _PROGRAM_DATA[key] = {"function": np.asarray(self.number, np.int32), **_suite_data(self.dim)}
-        return _PROGRAM_DATA[key]
+        # (read once per problem: a loop reads it at every dispatch)
+        if not self._program_data:
+            self._program_data.update(function=np.asarray(self.number, np.int32), **_suite_data(self.dim))
+        return self._program_data
 
     def evaluate_with(self, x, data, *generation) -> Array:
         """``evaluate`` for the function ``data`` names, its data as arguments: the same bits."""

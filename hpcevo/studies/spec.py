@@ -156,9 +156,10 @@ class StudyRun:
     @property
     def program(self) -> str:
         """What its compiled programs are made of: its config less what is data to them (the
-        seed, the BBOB or CEC 2022 function, BBOB's instance, budgets and targets) and what never reaches them
-        (where and how long it runs, logs, checkpoints). Runs with one value share their
-        programs: the first to run compiles them, the others load them from the compilation cache."""
+        seed, the BBOB or CEC 2022 function, BBOB's instance, budgets and targets) and what never
+        reaches them (where and how long it runs, logs, checkpoints). Runs with one value share
+        their programs: the first to run compiles them, the others load them from the
+        compilation cache."""
         d = {k: dict(v) if isinstance(v, dict) else v for k, v in self.data.items() if k not in ("log", "checkpoint")}
         for key in ("seed", "name", "out", "generations", "evaluations", "target", "target_precision",
                     "stagnation_generations", "stagnation_tolerance", "reevaluate"):
