@@ -229,6 +229,51 @@ def test_retention_keeps_newest_and_every_mth(tmp_path):
 
 
 @pytest.mark.single_process
+def test_retention_never_deletes_the_checkpoint_just_written(tmp_path):
+    """Checkpoints of later generations in the directory (a loop loaded from an older one and
+    saved again, another run's files, a damaged newest one a resume passed over) do not push out
+    the one just written: it stays and counts as one of ``keep``."""
+    def files():
+        return sorted(checkpoint.generation_of(p) for p in checkpoint.list_checkpoints(tmp_path))
+
+    for g in (100, 200, 300, 400):
+        (tmp_path / checkpoint.file_name(g)).write_bytes(b"")
+    new = tmp_path / checkpoint.file_name(150)
+    new.write_bytes(b"")
+    checkpoint.prune(tmp_path, keep=2, written=new)
+    assert files() == [150, 400]
+    checkpoint.prune(tmp_path, keep=1, written=new)
+    assert files() == [150]
+    for g in (100, 200, 300):
+        (tmp_path / checkpoint.file_name(g)).write_bytes(b"")
+    checkpoint.prune(tmp_path, keep=2, keep_every=200, written=new)  # (multiples of keep_every stay too)
+    assert files() == [150, 200, 300]
+
+
+def test_a_loop_saved_beside_later_checkpoints_keeps_what_it_saved(ctx, shared_tmp):
+    """Loop.save returns a checkpoint that exists and holds the loop, whatever the directory held:
+    a loop branched from an older checkpoint of a directory kept at ``keep`` newer ones, and a
+    script run again with fewer generations over its last run's directory (examples/api_loop.py
+    ended in "is not a file": its own checkpoint, deleted as it was written)."""
+    problem = hpcevo.problems.make_problem("rastrigin", 6)
+    algo = hpcevo.algorithms.CSO(pop_size=12, dim=6, lb=problem.lb, ub=problem.ub)
+    loop = hpcevo.Loop(algo, problem, ctx).init(seed=4)
+    first = loop.advance(10).save(shared_tmp, keep=3)
+    for _ in range(2):
+        loop.advance(10).save(shared_tmp, keep=3)
+    branch = hpcevo.Loop(algo, problem, ctx).load(first).advance(5)  # generation 16, beside 21 and 31
+    path = branch.save(shared_tmp, keep=2)
+    assert path.is_file() and checkpoint.generation_of(path) == 16
+    assert [checkpoint.generation_of(p) for p in checkpoint.list_checkpoints(shared_tmp)] == [31, 16]
+    again = hpcevo.Loop(algo, problem, ctx).load(path)
+    assert again.digest() == branch.digest()
+    assert again.advance(4).digest() == branch.advance(4).digest()
+    path = branch.save(shared_tmp, keep=1)  # the newest of its own line, not of the directory's
+    assert path.is_file() and [p.name for p in checkpoint.list_checkpoints(shared_tmp)] == [path.name]
+    assert hpcevo.Loop(algo, problem, ctx).load(path).digest() == branch.digest()
+
+
+@pytest.mark.single_process
 @pytest.mark.parametrize("text, reason", [
     # h5py's words for an MPI_File_open on a read-only mount (MPICH 4.0's ROMIO, verbatim)
     ("Unable to create file (MPI_File_open failed: MPI error string is 'Read-only file or filesystem "

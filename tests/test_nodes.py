@@ -294,12 +294,12 @@ out = "{out}"
 seeds = 2
 ranks_per_run = 2
 [base]
-run.generations = 4000
+run.generations = 2000
 algorithm.name = "cso"
 algorithm.pop_size = 128
 problem.dim = 20
 log.every = 50
-checkpoint.every = 200
+checkpoint.every = 100
 fault.min_seconds = 10
 [[axis]]
 key = "problem.name"

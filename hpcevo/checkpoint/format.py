@@ -126,12 +126,23 @@ def remove_partials(directory: Path) -> None:
             pass
 
 
-def prune(directory: Path, *, keep: int, keep_every: int = 0) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (and those at multiples of ``keep_every``)."""
-    removed = []
-    for i, path in enumerate(list_checkpoints(directory)):
+def prune(directory: Path, *, keep: int, keep_every: int = 0, written: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (and those at multiples of ``keep_every``).
+
+    ``written``, the checkpoint just written, always stays, and counts as one of the ``keep``: it
+    is the state its writer holds now, even where the directory holds checkpoints of later
+    generations (a loop loaded from an older checkpoint and saved again, another run's files, a
+    damaged newest one that a resume passed over). Ranked by generation alone it was deleted
+    the moment it was published, and ``Loop.save`` returned the path of a file that was gone."""
+    removed: list[Path] = []
+    try:
+        listed = list_checkpoints(directory)
+    except OSError:  # (retention is best effort: it never fails a checkpoint already published)
+        return removed
+    others = [p for p in listed if written is None or p.name != Path(written).name]
+    for i, path in enumerate(others):
         gen = generation_of(path)
-        if i < keep or (keep_every and gen % keep_every == 0):
+        if i < keep - (written is not None) or (keep_every and gen % keep_every == 0):
             continue
         try:
             path.unlink()

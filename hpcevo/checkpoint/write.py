@@ -94,6 +94,9 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
         with w.stage("publishing", in_hdf5=False):
             if ctx.is_root:
                 _publish(tmp, final, synced=ctx.size > 1 and not serial)
+                # (inside the stage: when write returns on any rank, the directory holds what it
+                # will hold, retention included; prune never raises)
+                prune(directory, keep=keep, keep_every=keep_every, written=final)
         published = True
     except BaseException as e:
         if f is not None and serial:  # rank 0 alone holds the file: no collective close
@@ -113,8 +116,6 @@ def write(ctx: ParallelContext, directory: Path, snap: Snapshot, *, keep: int = 
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-    if ctx.is_root:
-        prune(directory, keep=keep, keep_every=keep_every)
     return final
 
 

@@ -578,7 +578,8 @@ class Loop:
 
     def save(self, directory: str | Path, *, keep: int = 3, config_text: str = "") -> Path:
         """Write a checkpoint into ``directory`` (``gen-NNNNNNNNN.h5``; the newest ``keep`` are
-        kept). Every rank writes its share; any rank's failure is CheckpointError everywhere."""
+        kept, this one always among them, even beside checkpoints of later generations). Every
+        rank writes its share; any rank's failure is CheckpointError everywhere."""
         directory = arguments.path(self.ctx, directory, "Loop.save", "directory")
         keep = arguments.keep(self.ctx, keep, "Loop.save")
         agreed(self.ctx, "Loop.save", self._require_state, lambda _: "")
