@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -385,7 +385,6 @@ class CEC2022Problem(Problem):
     lb: tuple[float, ...]
     ub: tuple[float, ...]
     data: _Data = field(repr=False, compare=False)
-    _program_data: dict = field(default_factory=dict, repr=False, compare=False)  # built at first use
     num_objectives: int = 1
     block_invariant: ClassVar[bool] = True  # pairwise sums, fenced products (module docstring)
 
@@ -417,13 +416,10 @@ class CEC2022Problem(Problem):
     def program(self) -> tuple:
         return ("cec2022", self.dim, self.lb, self.ub)
 
-    @property
+    @cached_property  # (a loop reads it at every dispatch; not a field: equality ignores it)
     def program_data(self) -> dict:
         """The function's number and the suite's arrays for this dimension."""
-        # (read once per problem: a loop reads it at every dispatch)
-        if not self._program_data:
-            self._program_data.update(function=np.asarray(self.number, np.int32), **_suite_data(self.dim))
-        return self._program_data
+        return {"function": np.asarray(self.number, np.int32), **_suite_data(self.dim)}
 
     def evaluate_with(self, x, data, *generation) -> Array:
         """``evaluate`` for the function ``data`` names, its data as arguments: the same bits."""
