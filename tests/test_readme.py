@@ -117,6 +117,7 @@ def _merge(base: dict, top: dict) -> dict:
 
 
 @pytest.mark.launcher
+@pytest.mark.timeout(1200)  # (15+ commands, each its own launch: 90 s warm; cold, every program compiled, over 300)
 def test_the_readme_commands_run_in_order_on_a_fresh_copy(tmp_path):
     for d in ("examples", "jobs"):
         shutil.copytree(ROOT / d, tmp_path / d)
