@@ -2,6 +2,7 @@
 
     python benchmarks/campaign.py                         # dim 5, 24 functions x 15 instances (360 runs), 2 ranks
     python benchmarks/campaign.py --dims 2 3 --instances 1 2 3 --functions 1 8 15
+    python benchmarks/campaign.py --batch 1 4 16          # study.batch values beside the default
 Writes benchmarks/results/campaign-<time>.json and prints a table.
 
 The work is COCO's BBOB experiment with BIPOP-CMA-ES, budget 1,000 x dim evaluations, final
@@ -49,6 +50,7 @@ STUDY = """
 name = "campaign"
 out = "{out}"
 seeds = 1
+batch = {batch}
 
 [base]
 run.target_precision = 1e-8
@@ -78,11 +80,12 @@ def reached(delta: float) -> float:
     return float(np.mean(max(delta, 0.0) <= TARGETS))
 
 
-def hpcevo_study(args, work: Path, cache: Path, again: bool, store: bool = True) -> dict:
+def hpcevo_study(args, work: Path, cache: Path, again: bool, store: bool = True, batch: str = "auto") -> dict:
     study = work / "campaign.toml"
     budgets = [1000 * d for d in args.dims]
     study.write_text(STUDY.format(out=work / "study", functions=list(args.functions), dims=list(args.dims),
-                                  budgets=budgets, instances=list(args.instances)))
+                                  budgets=budgets, instances=list(args.instances),
+                                  batch=json.dumps(batch if batch == "auto" else int(batch))))
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
     env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
     env["HPCEVO_PROGRAM_CACHE"] = "1" if store else "0"  # (programs kept on disk: hpcevo/driver/programs.py)
@@ -173,6 +176,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=None, help="seconds for each hpcevo launch (the runs done count)")
     ap.add_argument("--sides", nargs="+", choices=("pycma", "hpcevo"), default=["pycma", "hpcevo"],
                     help="hpcevo alone where pycma and cocoex are not installed (a GPU node)")
+    ap.add_argument("--batch", nargs="+", default=["1"],
+                    help="study.batch values measured beside the default (\"auto\"), launched again over the "
+                         "default's cache (\"1\": one run at a time, what studies did before batching)")
     args = ap.parse_args()
     runs = len(args.dims) * len(args.functions) * len(args.instances)
     with tempfile.TemporaryDirectory(prefix="hpcevo-campaign-") as tmp:
@@ -196,6 +202,10 @@ def main() -> None:
                 print(f"hpcevo, first launch, {label}: {cold['wall_s']:.1f} s", flush=True)
                 warm = rows[f"hpcevo study, launched again, {label}"] = hpcevo_study(args, work, cache, True, store)
                 print(f"hpcevo, launched again, {label}: {warm['wall_s']:.1f} s", flush=True)
+            for batch in (b for b in args.batch if b != "auto"):
+                label = f"hpcevo study, launched again, programs kept on disk, study.batch = {batch}"
+                row = rows[label] = hpcevo_study(args, work, work / "jax-cache-1", True, True, batch)
+                print(f"{label}: {row['wall_s']:.1f} s", flush=True)
     base = next(iter(rows.values()))
     result = {"runs": runs, "dims": args.dims, "functions": args.functions, "instances": args.instances,
               "ranks": args.ranks, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),

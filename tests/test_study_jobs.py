@@ -59,6 +59,24 @@ def ends(out: Path) -> list[dict]:
     return [e for e in lines if e["event"] == "end"]
 
 
+def most_in_flight(out: Path) -> int:
+    """The most runs one group had begun and not yet ended at once (the journal)."""
+    lines = [json.loads(x) for x in (out / "journal.jsonl").read_text().splitlines() if x.strip()]
+    group_of: dict[str, tuple[int, int]] = {}
+    now: dict[tuple[int, int], int] = {}
+    most, launch = 0, 0
+    for e in lines:
+        if e["event"] == "study":
+            launch += 1
+        elif e["event"] == "start":
+            group_of[e["run"]] = g = (launch, e["group"])
+            now[g] = now.get(g, 0) + 1
+            most = max(most, now[g])
+        elif e["event"] == "end" and e["run"] in group_of:
+            now[group_of[e["run"]]] -= 1
+    return most
+
+
 def test_a_study_stopped_by_sigterm_resumes_at_another_rank_count_to_the_same_digests(tmp_path):
     whole = write_study(tmp_path / "whole.toml", tmp_path / "whole")
     r = hpcevo(None, "study", str(whole), "-q", timeout=600)  # one rank, no launcher, never stopped
@@ -97,6 +115,7 @@ def test_a_study_stopped_by_sigterm_resumes_at_another_rank_count_to_the_same_di
     r = hpcevo(3, "study", str(cut), "--resume", timeout=600)
     assert r.returncode == 0, r.stderr
     assert digests(tmp_path / "cut") == want
+    assert most_in_flight(tmp_path / "cut") >= 2  # (runs of one program were batched, by default)
     resumed = {e["run"] for e in ends(tmp_path / "cut")[before:]}
     assert len(resumed) == 8 - len(done_before) and not done_before & resumed  # done runs were not run again
     assert "done skipped" in r.stdout and "3 ranks" in r.stdout

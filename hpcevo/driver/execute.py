@@ -135,74 +135,121 @@ def _execute(ctx: ParallelContext, cfg: RunConfig, held: Held, options: RunOptio
         dog.arm("start-up", *limits.startup())
         run = Run.start(ctx, cfg, held, options)
         try:
-            run.hooks = hooks
-            run.before_hooks = lambda g: dog.arm_open(f"the hooks at generation {g}", fault.min_seconds,
-                                                      "fault.min_seconds: hooks may take as long as they need")
-            G = cfg.run.generations
+            drive = Drive(run, dog, limits, hooks)
             # Listening from before the compilation: a SIGTERM, SIGUSR1 or Ctrl-C that comes while
             # it runs (seconds to minutes) is kept for the first boundary (generation 1, or the
             # resumed one), which checkpoints and ends the run as at any other; before, it found
             # the default handler and killed the process on the spot.
-            if isinstance(run.loop, Loop):
-                def compiling(rows: int) -> None:
-                    # A restart's population needs the program of another size, compiled inside
-                    # the dispatch (seconds, cold): the compile's allowance, not the dispatch's.
-                    run.compiled_in_dispatch = True
-                    dog.arm(f"compiling the program of {rows} rows (a restart's population) and its generations",
-                            *limits.compile())
-                run.loop.on_compile = compiling
-            else:
-                def redispatch(n: int) -> None:
-                    # A target met inside a dispatch of islands: the dispatch runs again to it.
-                    dog.arm(f"generations {run.loop.generation + 1}-{run.loop.generation + n} again, to the limit "
-                            "met inside them", *limits.dispatch(n))
-                run.loop.on_redispatch = redispatch
             with run.stop:
                 dog.arm("compiling and the first generation", *limits.compile())
                 with _stop_while_compiling(ctx, run, options.face == "cli" and options.stop is None):
                     run.compile()
-                with run.report, run.rundir.metrics_writer(append=run.resumed_at is not None) as metrics:
-                    gen, chunk, ended = run.first_generation(), MAX_CHUNK, None
-                    while True:
-                        t = time.perf_counter()
-                        dog.arm(f"the boundary at generation {gen}", *limits.boundary())
-                        met = run.met()
-                        if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
-                            said = run.log(gen, metrics)
-                            if hooks:
-                                dog.arm(f"the boundary at generation {gen}", *limits.boundary())
-                            ended = said if gen < G else None
-                        ended = ended or met
-                        decision = run.stop.poll(chunk)
-                        stopping = gen < G and decision.stop and ended is None
-                        limits.note_boundary(time.perf_counter() - t)
-                        if run.policy.due(gen, stopping=stopping or ended is not None, time_due=decision.time_due,
-                                          soon=decision.soon):
-                            dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
-                            limits.note_checkpoint(run.write_checkpoint(gen))
-                        if gen >= G or stopping or ended is not None:
-                            break
-                        target = run.schedule.next_target(gen, decision.chunk)
-                        dog.arm(f"generation {target}" if target == gen + 1 else f"generations {gen + 1}-{target}",
-                                *limits.dispatch(target - gen))
+                with contextlib.ExitStack() as stack:
+                    drive.open(stack)
+                    while drive.boundary():
+                        n = drive.target - drive.gen
+                        dog.arm(f"generation {drive.target}" if n == 1 else f"generations {drive.gen + 1}-{drive.target}",
+                                *limits.dispatch(n))
                         run.compiled_in_dispatch = False
-                        seconds = run.advance(target - gen)
-                        if not run.compiled_in_dispatch:  # (a compile's seconds are no dispatch's measure)
-                            limits.note_dispatch(target - gen, seconds)
-                        chunk = next_chunk(target - gen, seconds)
-                        gen = run.loop.generation  # (before target where run.evaluations or run.target is met)
-                    dog.arm("finishing", *limits.startup())
-                    outcome = run.outcome()
-                    run.loop.close()
-                    with collective_stage(ctx), user_code(ctx, "a hook"):
-                        hooks.close()
-            summary = run.finish(outcome, decision if stopping else None, ended)
+                        seconds = run.advance(n)
+                        drive.advanced(n, seconds, note=not run.compiled_in_dispatch)
+                    outcome = drive.outcome()
+            summary = drive.finish(outcome)
         except BaseException:
             run.rundir.abandon()  # (before the first generation: the run --overwrite replaced comes back)
             raise
         finally:
             run.rundir.close()
         return summary, run.loop.history
+
+
+class Drive:
+    """One run's way through ``execute``'s loop, a boundary at a time: at each boundary the log,
+    the stop decision and the checkpoint, then the generation the run goes on to
+    (``target``). ``execute`` drives one run so; a ``RunBatch`` drives several, their
+    generations between boundaries dispatched together. ``limits``: the watchdog's allowances
+    (a batch's own for its dispatches: ``advanced(note=False)``)."""
+
+    def __init__(self, run: "Run", dog: Watchdog, limits: PhaseLimits, hooks: Hooks):
+        self.run, self.dog, self.limits, self.hooks = run, dog, limits, hooks
+        run.hooks = hooks
+        run.before_hooks = lambda g: dog.arm_open(f"the hooks at generation {g}", run.cfg.fault.min_seconds,
+                                                  "fault.min_seconds: hooks may take as long as they need")
+        if isinstance(run.loop, Loop):
+            def compiling(rows: int) -> None:
+                # A restart's population needs the program of another size, compiled inside
+                # the dispatch (seconds, cold): the compile's allowance, not the dispatch's.
+                run.compiled_in_dispatch = True
+                dog.arm(f"compiling the program of {rows} rows (a restart's population) and its generations",
+                        *limits.compile())
+            run.loop.on_compile = compiling
+        else:
+            def redispatch(n: int) -> None:
+                # A target met inside a dispatch of islands: the dispatch runs again to it.
+                dog.arm(f"generations {run.loop.generation + 1}-{run.loop.generation + n} again, to the limit "
+                        "met inside them", *limits.dispatch(n))
+            run.loop.on_redispatch = redispatch
+        self.gen, self.target, self.chunk = 0, 0, MAX_CHUNK
+        self.ended: str | None = None
+        self.decision: Decision | None = None
+        self.stopping = False
+        self.metrics: RecordWriter | None = None
+
+    def open(self, stack: contextlib.ExitStack) -> None:
+        """After ``run.compile()``: the report and the metrics file opened (in ``stack``), and
+        generation 1 (or the resumed state)."""
+        run = self.run
+        stack.enter_context(run.report)
+        self.metrics = stack.enter_context(run.rundir.metrics_writer(append=run.resumed_at is not None))
+        self.gen = run.first_generation()
+
+    def boundary(self) -> bool:
+        """The boundary at ``gen``: the log and the hooks, the stop decision, the checkpoint due.
+        True: the run goes on, to generation ``target``; False: it ends here (``outcome``)."""
+        run, dog, limits, gen = self.run, self.dog, self.limits, self.gen
+        G = run.cfg.run.generations
+        t = time.perf_counter()
+        dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+        met = run.met()
+        if (run.schedule.logs_at(gen) or met) and gen != run.resumed_at:
+            assert self.metrics is not None
+            said = run.log(gen, self.metrics)
+            if self.hooks:
+                dog.arm(f"the boundary at generation {gen}", *limits.boundary())
+            self.ended = said if gen < G else None
+        self.ended = self.ended or met
+        self.decision = decision = run.stop.poll(self.chunk)
+        self.stopping = gen < G and decision.stop and self.ended is None
+        limits.note_boundary(time.perf_counter() - t)
+        if run.policy.due(gen, stopping=self.stopping or self.ended is not None, time_due=decision.time_due,
+                          soon=decision.soon):
+            dog.arm(f"the checkpoint at generation {gen}", *limits.checkpoint())
+            limits.note_checkpoint(run.write_checkpoint(gen))
+        if gen >= G or self.stopping or self.ended is not None:
+            return False
+        self.target = run.schedule.next_target(gen, decision.chunk)
+        return True
+
+    def advanced(self, n: int, seconds: float, note: bool = True) -> None:
+        """``n`` generations were asked for and took ``seconds`` (``note``: a measure of a
+        dispatch for the watchdog's limits; not where a compile ran inside it)."""
+        if note:
+            self.limits.note_dispatch(n, seconds)
+        self.chunk = next_chunk(n, seconds)
+        self.gen = self.run.loop.generation  # (before target where run.evaluations or run.target is met)
+
+    def outcome(self) -> dict[str, Any]:
+        """The run's last state read out, its loop closed, the hooks closed."""
+        self.dog.arm("finishing", *self.limits.startup())
+        outcome = self.run.outcome()
+        self.run.loop.close()
+        with collective_stage(self.run.ctx), user_code(self.run.ctx, "a hook"):
+            self.hooks.close()
+        return outcome
+
+    def finish(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """The summary (summary.json where the run completed); after ``open``'s stack is closed."""
+        return self.run.finish(outcome, self.decision if self.stopping else None, self.ended)
 
 
 @contextlib.contextmanager
@@ -310,6 +357,9 @@ class Run:
         self.gen_prev = self.evals_prev = self.evals_start = 0
         self.hooks = Hooks()
         self.coco: CocoLog | None = None
+        # Its start-up phases (startup.phases()), kept where other runs begin in this process
+        # before it ends (a batch's); None: read at the summary.
+        self.startup: dict[str, float] | None = None
         # Called before the hooks of a boundary: they are the user's code, of any length (the
         # watchdog then watches for lost hosts only; execute re-arms the boundary after them).
         self.before_hooks: Callable[[int], None] = lambda gen: None
@@ -479,13 +529,17 @@ class Run:
         t = time.perf_counter()
         before = len(self.loop.failures)
         self.loop.advance(n)
+        seconds = time.perf_counter() - t
+        self.took(seconds, before)
+        return seconds
+
+    def took(self, seconds: float, failures_before: int = 0) -> None:
+        """After generations were advanced (alone, or in a batch's dispatch of ``seconds``)."""
         if self.coco is not None:
             self.coco.flush()
-        seconds = time.perf_counter() - t
         startup.mark("first_generation")  # (a resumed run's first)
-        self._record_failures(before)
+        self._record_failures(failures_before)
         self.stop.deadline.note_chunk(seconds)
-        return seconds
 
     def _record_failures(self, since: int) -> None:
         if getattr(self.loop.problem, "host", False):  # (only host evaluations fail; the same on every rank)
@@ -623,7 +677,8 @@ class Run:
             "wall_s": wall, "compile_s": self.compile_s, "compile_cache": self.parts.compile_cache,
             # programs this run loaded from the store on disk, and kept in it (programs.py)
             "programs_loaded": programs.loaded - self.programs_at[0], "programs_kept": programs.stored - self.programs_at[1],
-            "startup_s": startup.phases(), "checkpoint_s": self.checkpoint_s,
+            "startup_s": self.startup if self.startup is not None else startup.phases(),
+            "checkpoint_s": self.checkpoint_s,
             "evals_per_s": (loop.evaluations - self.evals_start) / max(wall, 1e-12),
             "ranks": self.ctx.size, "device": self.ctx.device_kind, "state_digest": digest,
             "versions": versions(),

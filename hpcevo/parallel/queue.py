@@ -59,16 +59,27 @@ class WorkQueue:
         None the first time) and gets the next task, which every rank of the group returns.
         None: there is nothing more for this group (the queue is empty or halted). ``halt``:
         a reason to give out no more tasks to anyone (a stop signal, a fatal error)."""
+        tasks = self.take([] if outcome is None else [outcome], halt, 1)
+        return tasks[0] if tasks else None
+
+    def take(self, outcomes: Sequence[dict] = (), halt: str | None = None, want: int = 1, kind: Any = None,
+             busy: int = 0) -> list[Any]:
+        """Collective in the group: its leader reports ``outcomes`` (of tasks that ended) and takes
+        up to ``want`` more, the list every rank of the group returns. ``kind``: only tasks of
+        this kind (``kinds``); None: the next task as ``next`` chooses it, then more of its kind
+        (the runs of one program, for a batch). ``busy``: the tasks the group still runs; a
+        group that asks with none left and is given none is done (it asks no more)."""
         if self.groups.ctx is None:
-            raise UsageError("WorkQueue.next: this rank belongs to no group")
-        task = None
+            raise UsageError("WorkQueue.take: this rank belongs to no group")
+        tasks: list[Any] = []
         if self.groups.is_leader:
             if self._halted_here:
-                return None
-            self.comm.send(("next", self.groups.index, outcome, halt), dest=0, tag=_REQUEST)
-            task = receive(self.comm, 0, _REPLY)
-            self._halted_here = task is None
-        return bcast_from_root(self.groups.ctx, task)
+                return []
+            self.comm.send(("take", self.groups.index, list(outcomes), halt, int(want), kind, int(busy)),
+                           dest=0, tag=_REQUEST)
+            tasks = receive(self.comm, 0, _REPLY)
+            self._halted_here = not tasks and not busy
+        return bcast_from_root(self.groups.ctx, tasks)
 
     def close(self) -> list[Any]:
         """Collective over the whole job, once every group has had its None from ``next``: the
@@ -110,18 +121,23 @@ class _Dispatcher(threading.Thread):
                 time.sleep(POLL_S)
                 continue
             source = status.Get_source()
-            _, group, outcome, halt = self.comm.recv(source=source, tag=_REQUEST)
-            if outcome is not None:
+            _, group, outcomes, halt, want, kind, busy = self.comm.recv(source=source, tag=_REQUEST)
+            for outcome in outcomes:
                 self._emit({"event": "end", "group": group, "time": time.time(), **outcome})
             if halt and not self.halted:
                 self.halted = halt
                 self._emit({"event": "halt", "group": group, "time": time.time(), "reason": halt})
-            task = None if self.halted or not self.pending else self._take(group)
-            if task is not None:
+            tasks: list[Any] = []
+            while len(tasks) < want and not self.halted and self.pending:
+                task = self._take(group) if kind is None and not tasks else self._take_kind(
+                    group, kind if kind is not None else self.kinds[tasks[0]][1] if self.kinds else None)
+                if task is None:
+                    break
+                tasks.append(task)
                 self._emit({"event": "start", "group": group, "time": time.time(), "task": task})
-            if task is None:
+            if not tasks and not busy:
                 done += 1
-            self.comm.send(task, dest=source, tag=_REPLY)
+            self.comm.send(tasks, dest=source, tag=_REPLY)
 
     def _take(self, group: int) -> Any:
         """The next task for ``group``: among the pending tasks of the head's class, the first of
@@ -146,6 +162,17 @@ class _Dispatcher(threading.Thread):
         del self.pending[i]
         mine.add(self.kinds[task][1])
         return task
+
+    def _take_kind(self, group: int, kind: Any) -> Any:
+        """The first pending task of ``kind`` for ``group`` (None: none left; without kinds,
+        every task is of one kind)."""
+        for i, task in enumerate(self.pending):
+            if self.kinds is None or self.kinds[task][1] == kind:
+                del self.pending[i]
+                if self.kinds is not None:
+                    self.ran.setdefault(group, set()).add(kind)
+                return task
+        return None
 
     def _emit(self, event: dict) -> None:
         if self.on_event is None or self.error is not None:

@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import EXIT_RUNS_FAILED, EXIT_STOPPED, CheckpointError, DivergenceError, UsageError
-from ..hooks import Hooks
+from ..errors import EXIT_RUNS_FAILED, EXIT_STOPPED, CheckpointError, UsageError
 from ..parallel import (ParallelContext, WorkQueue, agree_max, bcast_from_root, collective_stage, split)
 from ..parallel.watchdog import Watchdog
 from ..driver import rundir
-from ..driver.execute import Held, RunOptions, execute
+from ..driver.execute import RunOptions
+from ..driver.run_batch import RunBatch
 from ..driver.stopping import StopFlag, StopSource, find_deadline, signal_name
 from .journal import Journal, journal_files, journal_path, read_events, states
 from .spec import Study, StudyRun
@@ -89,7 +89,8 @@ class _Launch:
         self.mine = [r for r in study.runs if k is None or r.index % k[1] == k[0]]
         self.journal: Journal | None = None
         self.busy = 0.0
-        self.started: dict[int, float] = {}
+        self.started: dict[int, float] = {}  # group -> when its runs in flight began
+        self.in_flight: dict[int, int] = {}  # group -> its runs in flight
         self.ended: list[dict[str, Any]] = []
         self.todo_count = 0
         self.fatal: int | None = None
@@ -157,42 +158,76 @@ class _Launch:
                               rank_why="fault.checkpoint_seconds, the longest a rank may be silent in a checkpoint")
 
     def _take_runs(self, ctx: ParallelContext, queue: WorkQueue, flag: StopSource, deadline) -> None:
-        outcome: dict[str, Any] | None = None
+        """This group's runs: taken from the queue a batch of one program at a time (``RunBatch``),
+        a finished run's slot given to the next pending run of that program (``study.batch = 1``:
+        one run at a time)."""
+        size = batch_size(self.study.batch)
+        outcomes: list[dict[str, Any]] = []
         reuse: dict = {}
-        while True:
-            self._waiting("taking the next run")
-            signum, late = agree_max(ctx, [flag.signum, deadline.due()])
-            halt = signal_name(int(signum)) if signum else "the deadline" if late else None
-            if outcome is not None and outcome.get("halt"):
-                halt = halt or outcome["halt"]
-            task = queue.next(outcome, halt)
-            self.dog.disarm()
-            if task is None:
-                return
-            remaining = None if deadline.at is None else max(1.0, deadline.at - time.time())
-            outcome = self._run_one(ctx, self.study.runs[task], flag, remaining, reuse)
+        batch: RunBatch | None = None
+        kind, more, halted = None, True, None
+        try:
+            while True:
+                self._waiting("taking the next run")
+                signum, late = agree_max(ctx, [flag.signum, deadline.due()])
+                halt = signal_name(int(signum)) if signum else "the deadline" if late else None
+                # (a stop, a deadline, a checkpoint that could not be written: no run is started after)
+                halted = halted or halt or next((o["halt"] for o in outcomes if o.get("halt")), None)
+                halt = halted
+                busy = len(batch) if batch is not None else 0
+                if not busy:
+                    want, of = (0 if halt else 1), None
+                elif more and batch is not None and batch.batchable and not halt:
+                    want, of = batch.capacity(size) - busy, kind
+                else:
+                    want, of = 0, None
+                tasks = []
+                if outcomes or want > 0 or not busy:
+                    tasks = queue.take(outcomes, halt, max(want, 0), of, busy)
+                    outcomes = []
+                    if of is not None and len(tasks) < want:
+                        more = False  # (the queue holds no more runs of this program)
+                self.dog.disarm()
+                if not tasks and not busy:
+                    return
+                for task in tasks:
+                    run = self.study.runs[task]
+                    if batch is None or not len(batch):
+                        if batch is not None:
+                            batch.close()
+                        batch, kind, more = RunBatch(ctx), run.program, size > 1
+                    remaining = None if deadline.at is None else max(1.0, deadline.at - time.time())
+                    for ended in batch.add(run.config(), task, self._options(run, flag, remaining, reuse)):
+                        outcomes.append(self._outcome(self.study.runs[ended.tag], ended.summary, ended.error,
+                                                      ended.wall_s))
+                if batch is not None and len(batch):
+                    for ended in batch.step():
+                        outcomes.append(self._outcome(self.study.runs[ended.tag], ended.summary, ended.error,
+                                                      ended.wall_s))
+        finally:
+            if batch is not None:
+                batch.close()
 
-    def _run_one(self, ctx: ParallelContext, run: StudyRun, flag: StopSource, remaining: float | None,
-                 reuse: dict) -> dict[str, Any]:
+    def _options(self, run: StudyRun, flag: StopSource, remaining: float | None, reuse: dict) -> RunOptions:
         o = self.options
         again = run.name in self.rerun  # (a changed run of a resumed study: from generation 1)
-        opts = RunOptions(overwrite=o.overwrite or again, resume=o.resume and not again, quiet=True,
-                          deadline=remaining, stop=flag,
-                          stream=o.stream, face=o.face, reuse=reuse)
-        t = time.time()
+        return RunOptions(overwrite=o.overwrite or again, resume=o.resume and not again, quiet=True,
+                          deadline=remaining, stop=flag, stream=o.stream, face=o.face, reuse=reuse)
+
+    def _outcome(self, run: StudyRun, summary: dict[str, Any] | None, error: BaseException | None,
+                 wall_s: float) -> dict[str, Any]:
+        """What the journal records of a run that ended: its summary's figures, or its error (a
+        checkpoint that could not be written also halts the study: the disk is likely full)."""
         base = {"run": run.name, "task": run.index}
-        try:
-            summary, _ = execute(ctx, run.config(), Held(), opts, Hooks())
-        except CheckpointError as e:
-            if e.stranded:
-                raise  # the other ranks are stuck inside HDF5: the job must end (see cli)
-            return {**base, "status": "failed", "error": str(e), "wall_s": time.time() - t,
-                    "halt": "a checkpoint could not be written", "fatal": e.exit_code}
-        except (UsageError, DivergenceError) as e:
-            return {**base, "status": "failed", "error": str(e), "wall_s": time.time() - t}
+        if isinstance(error, CheckpointError):
+            return {**base, "status": "failed", "error": str(error), "wall_s": wall_s,
+                    "halt": "a checkpoint could not be written", "fatal": error.exit_code}
+        if error is not None:
+            return {**base, "status": "failed", "error": str(error), "wall_s": wall_s}
+        assert summary is not None
         out = {**base, "status": summary["status"], "generations": summary["generations"],
                "evaluations": summary["evaluations"], "best_fitness": summary.get("best_fitness"),
-               "state_digest": summary["state_digest"], "wall_s": time.time() - t,
+               "state_digest": summary["state_digest"], "wall_s": wall_s,
                **{k: summary[k] for k in ("f_opt", "best_precision") if k in summary}}
         if summary["status"] == "stopped":
             out["halt"] = summary.get("stopped_by") or "a stop request"
@@ -284,12 +319,17 @@ class _Launch:
             run = self.study.runs[e["task"]]
             ranks = list(range(e["group"] * rpr, (e["group"] + 1) * rpr))
             hosts = sorted({self.world.rank_hosts[r] for r in ranks}) if self.world.rank_hosts else []
-            self.started[e["group"]] = e["time"]
+            # (a group's ranks are busy from its first run in flight to its last: a batch's runs overlap)
+            if not self.in_flight.get(e["group"]):
+                self.started[e["group"]] = e["time"]
+            self.in_flight[e["group"]] = self.in_flight.get(e["group"], 0) + 1
             # (its config as the study expanded it: what a resume compares the study file with)
             self.journal.write({"event": "start", "time": e["time"], "run": run.name, "group": e["group"],
                                 "ranks": ranks, "hosts": hosts, "config": run.data})
         elif e["event"] == "end":
-            self.busy += (e["time"] - self.started.pop(e["group"], e["time"])) * rpr
+            self.in_flight[e["group"]] = max(0, self.in_flight.get(e["group"], 0) - 1)
+            if not self.in_flight[e["group"]]:
+                self.busy += (e["time"] - self.started.pop(e["group"], e["time"])) * rpr
             record = {k: v for k, v in e.items() if k not in ("task", "halt")}
             self.journal.write(record)
             self.ended.append(record)
@@ -362,6 +402,19 @@ class _Launch:
             line += (f"; failed runs are in {journal_path(self.study.out, self.options.part)} (run them again: "
                      f"{rundir.option('resume')} {rundir.option('retry_failed')})")
         return line
+
+
+# study.batch = "auto": the runs of one program a group advances together. On this project's CPU
+# machines a batch spares each run the host's wait after every dispatch (benchmarks/campaign.py
+# --batch measures it); on an accelerator larger batches should pay more (not yet measured: set
+# study.batch). A batch also holds no more runs than MEMORY_SHARE of the free memory takes
+# (RunBatch.capacity).
+AUTO_BATCH = 8
+
+
+def batch_size(setting: int | str) -> int:
+    """The most runs of one program a group advances at once (``study.batch``)."""
+    return AUTO_BATCH if setting == "auto" else int(setting)
 
 
 def spread_programs(runs: list[StudyRun]) -> list[StudyRun]:

@@ -4,6 +4,7 @@
     name = "demo"                  # default: the file's name
     seeds = "0-9"                  # "FIRST-LAST", a count (10: seeds 0..9) or a list [1, 5, 7]
     ranks_per_run = 1              # ranks each run gets (groups of this many ranks)
+    batch = "auto"                 # runs of one program a group advances together (1: one at a time)
     baseline = "cso"               # the configuration the report compares the others with
     target = 1e-8                  # success: best fitness <= target (per problem: [study.targets])
 
@@ -41,7 +42,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -63,6 +64,7 @@ class StudySection(_Strict):
     out: str | None = None  # default: studies/<name>, relative to the working directory
     seeds: str | int | list[int] = 1
     ranks_per_run: int = Field(1, ge=1)
+    batch: Literal["auto"] | Annotated[int, Field(ge=1, le=100_000)] = "auto"
     baseline: str | None = None
     target: float | None = None
     targets: dict[str, float] = Field(default_factory=dict)
@@ -156,7 +158,8 @@ class StudyRun:
     @property
     def program(self) -> str:
         """What its compiled programs are made of: its config less what is data to them (the
-        seed, the BBOB or CEC 2022 function, BBOB's instance, budgets and targets) and what never
+        seed, the BBOB or CEC 2022 function, BBOB's instance, budgets and targets, a built-in
+        algorithm's dynamic hyper-parameters) and what never
         reaches them (where and how long it runs, logs, checkpoints). Runs with one value share
         their programs: the first to run compiles them, the others load them from the
         compilation cache."""
@@ -165,12 +168,23 @@ class StudyRun:
                     "stagnation_generations", "stagnation_tolerance", "reevaluate"):
             d.get("run", {}).pop(key, None)
         d.get("problem", {}).pop("instance", None)
+        algorithm = d.get("algorithm", {})
+        for name in _dynamic(algorithm.get("name")):  # (data to the programs: Algorithm.dynamic)
+            algorithm.pop(name, None)
         problem = d.get("problem", {})
         if problem.get("name") == "bbob":  # one program for all 24 functions (problems/bbob.py)
             problem.pop("function", None)
         elif str(problem.get("name", "")).startswith("cec2022_f"):  # and for all 12 (cec2022.py)
             problem["name"] = "cec2022"
         return json.dumps(d, sort_keys=True, default=repr)
+
+
+def _dynamic(name: Any) -> tuple[str, ...]:
+    """A built-in algorithm's dynamic hyper-parameters (none for an algorithm by import path)."""
+    from ..algorithms import ALGORITHMS
+
+    cls = ALGORITHMS.get(name) if isinstance(name, str) else None
+    return tuple(getattr(cls, "dynamic", ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +202,7 @@ class Study:
     targets: dict[str, float]  # per problem label (the study's target where none is given)
     target: float | None
     overrides: tuple[str, ...] = ()  # the --set it was loaded with
+    batch: int | str = "auto"  # study.batch: runs of one program a group advances at once
 
     @property
     def configurations(self) -> list[str]:
@@ -240,7 +255,7 @@ def load_study(source: str | Path | dict, overrides: Sequence[str] = (), *, chec
     out = Path(spec.study.out) if spec.study.out else Path("studies") / name
     runs = _expand(base, axes, seeds, out, where)
     study = Study(name, path, out, spec.study.ranks_per_run, seeds, axes, runs, spec.study.baseline,
-                  dict(spec.study.targets), spec.study.target, tuple(overrides))
+                  dict(spec.study.targets), spec.study.target, tuple(overrides), spec.study.batch)
     _check_report_keys(study, where)
     if check:
         check_runs(study)

@@ -1,0 +1,139 @@
+"""Batched runs in a study (``study.batch``): a group advances the runs of one program together,
+each run bitwise the same config run alone, a finished run's slot taken by the next pending run,
+a run that fails recorded alone while its batch-mates go on (MPI tests at 1-4 ranks; the study
+file's key as a pure test). Stopped by SIGTERM and resumed at another rank count:
+tests/test_study_jobs.py (its study batches by default)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import hpcevo
+from hpcevo.driver import execute
+from hpcevo.errors import EXIT_RUNS_FAILED, ConfigError, UsageError
+from hpcevo.studies.journal import read_events
+from hpcevo.studies.spec import load_study
+
+
+def spec(out: Path, batch, **study) -> dict:
+    """DE with two values of a dynamic hyper-parameter (F) on two BBOB functions and instances with
+    budgets of their own, two seeds: eight runs of one program, ending at different generations."""
+    return {
+        "study": {"out": str(out), "seeds": 2, "batch": batch, **study},
+        "base": {"run": {"generations": 60, "target_precision": 1e-8}, "algorithm": {"name": "de", "pop_size": 8},
+                 "problem": {"name": "bbob", "dim": 3}, "log": {"every": 4, "coco": True},
+                 "checkpoint": {"every": 10}},
+        "axis": [{"key": "algorithm.F", "values": [0.5, 0.9], "labels": ["F5", "F9"]},
+                 {"zip": {"problem.function": [1, 15], "problem.instance": [1, 2], "run.evaluations": [200, 360]},
+                  "labels": ["f1i1", "f15i2"], "role": "problem"}],
+    }
+
+
+_ALONE: dict[str, str] = {}
+
+
+def alone_digests(study, tmp: Path, one, ctx) -> dict[str, str]:
+    """Each run's config run by itself on one rank: by rank 0 (once per process), told to all."""
+    if ctx.is_root:
+        for r in study.runs:
+            if r.name not in _ALONE:
+                data = json.loads(json.dumps(r.data))
+                data["run"]["out"] = str(tmp / "alone" / r.name)
+                _ALONE[r.name] = hpcevo.run(data, ctx=one, quiet=True).digest
+    return ctx.comm_ctl.bcast({r.name: _ALONE[r.name] for r in study.runs} if ctx.is_root else None, root=0)
+
+
+def in_flight(out: Path) -> dict[int, int]:
+    """The most runs each group had begun and not ended at once (the journal's start and end)."""
+    most: dict[int, int] = {}
+    now: dict[int, int] = {}
+    group_of: dict[str, int] = {}
+    for e in read_events(out):
+        if e["event"] == "start":
+            group_of[e["run"]] = g = e["group"]
+            now[g] = now.get(g, 0) + 1
+            most[g] = max(most.get(g, 0), now[g])
+        elif e["event"] == "end":
+            now[group_of[e["run"]]] -= 1
+    return most
+
+
+def test_runs_batched_in_a_study_are_bitwise_the_runs_alone(ctx, shared_tmp, alone):
+    """Eight runs of one program (mixed seeds, F, BBOB functions, instances and budgets) through
+    batches of three slots: every digest is the run alone's, runs overlap in each group (never more
+    than three), and each run directory is an ordinary run's, with its COCO data."""
+    study = load_study(spec(shared_tmp / "s", 3))
+    assert len({r.program for r in study.runs}) == 1 and len(study.runs) == 8
+    want = alone_digests(study, shared_tmp, alone, ctx)
+    result = hpcevo.study(study, ctx=ctx, quiet=True)
+    assert result.status == "complete" and result.counts["done"] == 8
+    assert result.digests() == want
+    generations = {r["generations"] for r in result.ran}
+    assert len(generations) > 1  # (runs ended at generations of their own, their slots reused)
+    most = in_flight(study.out)
+    assert max(most.values()) >= 2 and max(most.values()) <= 3
+    for r in study.runs:
+        rec = hpcevo.open_run(r.out)
+        assert rec.summary["state_digest"] == want[r.name]
+        assert any((r.out / "coco").rglob("*.tdat")), r.name
+    # study.batch = 1: one run at a time, the same digests
+    one = hpcevo.study(spec(shared_tmp / "one", 1), ctx=ctx, quiet=True)
+    assert one.digests() == want and max(in_flight(shared_tmp / "one").values()) == 1
+
+
+def test_a_run_that_fails_in_a_batch_is_recorded_alone_and_its_batch_mates_go_on(ctx, shared_tmp, alone,
+                                                                                 monkeypatch):
+    """One run cannot start (its directory is a file), one fails at a boundary mid-run (a
+    UsageError raised there on every rank): both are recorded failed with their messages; the
+    other six, batched with them, finish with the digests they have alone."""
+    data = spec(shared_tmp / "s", 8)
+    study = load_study(data)
+    want = alone_digests(study, shared_tmp, alone, ctx)
+    blocked, broken = study.runs[1], study.runs[2]
+    if ctx.is_root:
+        blocked.out.parent.mkdir(parents=True)
+        blocked.out.write_text("not a run\n")
+    ctx.comm_ctl.Barrier()
+    log = execute.Run.log
+
+    def failing_log(self, gen, metrics):
+        if self.cfg.run.name == broken.name and gen == 8:
+            raise UsageError(f"injected failure at generation {gen}")
+        return log(self, gen, metrics)
+
+    monkeypatch.setattr(execute.Run, "log", failing_log)
+    result = hpcevo.study(data, ctx=ctx, quiet=True)
+    assert result.status == "failed" and result.exit_code == EXIT_RUNS_FAILED
+    assert result.counts == {"done": 6, "failed": 2, "stopped": 0, "running": 0, "pending": 0}
+    failed = {r["run"]: r["error"] for r in result.ran if r["status"] == "failed"}
+    assert set(failed) == {blocked.name, broken.name}
+    assert "is a file, not a folder" in failed[blocked.name]
+    assert "injected failure at generation 8" in failed[broken.name]
+    assert result.digests() == {k: v for k, v in want.items() if k not in failed}
+    assert blocked.out.read_text() == "not a run\n"  # (nothing of the run written over the user's file)
+
+
+@pytest.mark.single_process
+@pytest.mark.parametrize("value, ok", [("auto", True), (1, True), (64, True), (0, False), ("8", False),
+                                       (True, False), (2.5, False)])
+def test_study_batch_is_auto_or_a_positive_count(tmp_path, value, ok):
+    data = spec(tmp_path / "s", value)
+    if ok:
+        assert load_study(data, check=False).batch == value
+        return
+    with pytest.raises(ConfigError, match="study.batch"):
+        load_study(data, check=False)
+
+
+@pytest.mark.single_process
+def test_dynamic_hyper_parameters_are_data_to_a_programs_runs(tmp_path):
+    """Runs differing in a built-in algorithm's dynamic hyper-parameters (DE's F) share one program
+    (one batch, one compilation); a static one (pop_size) makes another."""
+    study = load_study(spec(tmp_path / "s", "auto"), check=False)
+    assert len({r.program for r in study.runs}) == 1
+    data = spec(tmp_path / "t", "auto")
+    data["axis"][0] = {"key": "algorithm.pop_size", "values": [8, 12]}
+    assert len({r.program for r in load_study(data, check=False).runs}) == 2
