@@ -137,3 +137,30 @@ def test_dynamic_hyper_parameters_are_data_to_a_programs_runs(tmp_path):
     data = spec(tmp_path / "t", "auto")
     data["axis"][0] = {"key": "algorithm.pop_size", "values": [8, 12]}
     assert len({r.program for r in load_study(data, check=False).runs}) == 2
+
+
+def test_a_host_problems_runs_go_one_at_a_time_with_their_failures_recorded_once(ctx, shared_tmp, alone):
+    """A NumPy function (evaluated on the host: nothing to batch) that fails for some candidates:
+    each run's failures.jsonl lists each failed evaluation once, as the run alone's does."""
+    problem = shared_tmp / "half.py"
+    if ctx.is_root:
+        problem.write_text("def f(x):\n    if x[0] > 0.5:\n        raise ValueError('x0 > 0.5')\n"
+                           "    return float((x * x).sum())\n")
+    ctx.comm_ctl.Barrier()
+    data = {"study": {"out": str(shared_tmp / "s"), "seeds": 3},
+            "base": {"run": {"generations": 6}, "algorithm": {"name": "de", "pop_size": 8},
+                     "problem": {"name": f"{problem}:f", "host": True, "batched": False, "dim": 3, "lb": -1.0,
+                                 "ub": 1.0},
+                     "log": {"every": 2}}}
+    study = load_study(data)
+    result = hpcevo.study(study, ctx=ctx, quiet=True)
+    assert result.status == "complete"
+    assert max(in_flight(study.out).values()) == 1
+    if ctx.is_root:
+        for r in study.runs:
+            got = (r.out / "failures.jsonl").read_text().splitlines()
+            run = json.loads(json.dumps(r.data))
+            run["run"]["out"] = str(shared_tmp / "alone" / r.name)
+            alone_run = hpcevo.run(run, ctx=alone, quiet=True)
+            want = (shared_tmp / "alone" / r.name / "failures.jsonl").read_text().splitlines()
+            assert len(got) == len(want) > 0 and alone_run.digest == result.digests()[r.name]

@@ -138,6 +138,8 @@ class RunBatch:
         dog.arm(f"generations {first + 1}-{first + n} of {len(members)} run{'s' if len(members) > 1 else ''}",
                 *self._limits.dispatch(n))
         ended: list[Ended] = []
+        # (a host problem's failed evaluations, recorded after the dispatch: those it added)
+        failures = {id(m): len(getattr(m.drive.run.loop, "failures", ())) for m in members}
         t = time.perf_counter()
         for group in self._dispatch_groups(members):
             for m in group:
@@ -157,7 +159,7 @@ class RunBatch:
             for m in live:
                 run = m.drive.run
                 try:
-                    run.took(seconds)
+                    run.took(seconds, failures[id(m)])
                     if m.first_pending:  # (a resumed run's first generations end its start-up)
                         m.first_pending = False
                         run.startup = startup.phases()
