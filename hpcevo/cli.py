@@ -342,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = None if offline else _discover(argv_list)
     try:
         code = _main(ctx, argv_list)
+    except BrokenPipeError:
+        if not offline:
+            raise
+        # (`hpcevo study plan ... | head`: the reader left; what it read stands. stdout to
+        # /dev/null, or Python's flush at exit says it again)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     finally:
         _startup_guard().end()
     if ctx is not None:

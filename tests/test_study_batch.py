@@ -164,3 +164,21 @@ def test_a_host_problems_runs_go_one_at_a_time_with_their_failures_recorded_once
             alone_run = hpcevo.run(run, ctx=alone, quiet=True)
             want = (shared_tmp / "alone" / r.name / "failures.jsonl").read_text().splitlines()
             assert len(got) == len(want) > 0 and alone_run.digest == result.digests()[r.name]
+
+
+@pytest.mark.single_process
+def test_the_plan_says_how_runs_are_batched_and_survives_a_closed_pipe(tmp_path):
+    """``study plan`` names the programs and the batching; piped into ``head`` (the reader leaving
+    early) it ends quietly, exit 0, with no traceback."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    study = root / "examples" / "study.toml"
+    line = (f"{sys.executable} -m hpcevo study plan {study} --set study.batch={{b}} | head -1")
+    for batch, said in (("auto", 'up to 8 runs of a program advanced together (study.batch = "auto")'),
+                        ("1", "one run at a time")):
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", line.format(b=batch)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "Traceback" not in r.stderr and r.stderr == "", r.stderr
+        assert "12 program(s)" in r.stdout and said in r.stdout, r.stdout

@@ -36,7 +36,7 @@ from ..driver.execute import RunOptions
 from ..driver.run_batch import RunBatch
 from ..driver.stopping import StopFlag, StopSource, find_deadline, signal_name
 from .journal import Journal, journal_files, journal_path, read_events, states
-from .spec import Study, StudyRun
+from .spec import Study, StudyRun, batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,19 +402,6 @@ class _Launch:
             line += (f"; failed runs are in {journal_path(self.study.out, self.options.part)} (run them again: "
                      f"{rundir.option('resume')} {rundir.option('retry_failed')})")
         return line
-
-
-# study.batch = "auto": the runs of one program a group advances together. On this project's CPU
-# machines a batch spares each run the host's wait after every dispatch (benchmarks/campaign.py
-# --batch measures it); on an accelerator larger batches should pay more (not yet measured: set
-# study.batch). A batch also holds no more runs than MEMORY_SHARE of the free memory takes
-# (RunBatch.capacity).
-AUTO_BATCH = 8
-
-
-def batch_size(setting: int | str) -> int:
-    """The most runs of one program a group advances at once (``study.batch``)."""
-    return AUTO_BATCH if setting == "auto" else int(setting)
 
 
 def spread_programs(runs: list[StudyRun]) -> list[StudyRun]:

@@ -187,6 +187,19 @@ def _dynamic(name: Any) -> tuple[str, ...]:
     return tuple(getattr(cls, "dynamic", ()))
 
 
+# study.batch = "auto": the runs of one program a group advances together. On this project's CPU
+# machines a batch spares each run the host's wait after every dispatch (benchmarks/campaign.py
+# --batch measures it); on an accelerator larger batches should pay more (not yet measured: set
+# study.batch). A batch also holds no more runs than MEMORY_SHARE of the free memory takes
+# (driver.run_batch.RunBatch.capacity).
+AUTO_BATCH = 8
+
+
+def batch_size(setting: int | str) -> int:
+    """The most runs of one program a group advances at once (``study.batch``)."""
+    return AUTO_BATCH if setting == "auto" else int(setting)
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
     """A study file, expanded and checked."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .journal import STATES, states
-from .spec import Study, load_study
+from .spec import Study, batch_size, load_study
 
 
 def parse_slice(text: str | None) -> tuple[int, int] | None:
@@ -39,14 +39,20 @@ def main(args: Any) -> int:
     return 0
 
 
+def _batching(setting: int | str) -> str:
+    n = batch_size(setting)
+    how = "one run at a time" if n == 1 else f"up to {n} runs of a program advanced together"
+    return how + (" (study.batch = \"auto\")" if setting == "auto" else "")
+
+
 def plan_text(study: Study, as_json: bool = False) -> str:
     if as_json:
         return "\n".join(json.dumps({"index": r.index, "name": r.name, "configuration": r.configuration,
                                      "problem": r.problem, "seed": r.seed, "settings": dict(r.settings),
                                      "out": str(r.out)}) for r in study.runs)
     head = (f"study {study.name}: {len(study.runs)} runs = {len(study.configurations)} configuration(s) x "
-            f"{len(study.problems)} problem(s) x {len(study.seeds)} seed(s); {study.ranks_per_run} rank(s) per run "
-            f"-> {study.out}")
+            f"{len(study.problems)} problem(s) x {len(study.seeds)} seed(s); {study.ranks_per_run} rank(s) per run; "
+            f"{len({r.program for r in study.runs})} program(s), {_batching(study.batch)} -> {study.out}")
     lines = [head, ""]
     width = max(len(r.name) for r in study.runs)
     lines.append(f"{'#':>5}  {'run':<{width}}  settings")
