@@ -12,3 +12,12 @@ def small_config(out, **sections) -> dict:
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return data
+
+
+def problem_file(ctx, path, source: str):
+    """``source`` written to ``path`` by rank 0, seen by every rank when this returns (a problem
+    file of a test's own, imported by path); returns ``path``."""
+    if ctx.is_root:
+        path.write_text(source)
+    ctx.comm_ctl.Barrier()
+    return path

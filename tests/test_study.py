@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import hpcevo
+from configs import problem_file
 from hpcevo.errors import EXIT_RUNS_FAILED, EXIT_STOPPED, ConfigError, UsageError
 from hpcevo.parallel import WorkQueue, context_for, split
 from hpcevo.studies.journal import read_events, states
@@ -106,11 +107,9 @@ def test_every_run_of_a_stopped_and_resumed_study_is_the_run_alone(ctx, referenc
 
 
 def test_a_run_whose_problem_raises_is_recorded_failed_and_the_others_finish(ctx, shared_tmp):
-    problem = shared_tmp / "picky.py"
-    if ctx.is_root:
-        problem.write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    if x.shape[-1] == 4:\n"
-                           "        raise ValueError('no 4-D candidates here')\n    return jnp.sum(x * x, axis=-1)\n")
-    ctx.comm_ctl.Barrier()
+    problem = problem_file(ctx, shared_tmp / "picky.py", "import jax.numpy as jnp\n\n\ndef f(x):\n"
+                           "    if x.shape[-1] == 4:\n        raise ValueError('no 4-D candidates here')\n"
+                           "    return jnp.sum(x * x, axis=-1)\n")
     spec = {"study": {"out": str(shared_tmp / "s"), "seeds": 2},
             "base": {"run": {"generations": 4}, "algorithm": {"name": "cso", "pop_size": 8},
                      "problem": {"name": f"{problem}:f", "lb": -1.0, "ub": 1.0}},

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import hpcevo
+from configs import problem_file
 from hpcevo.driver import execute
 from hpcevo.errors import EXIT_RUNS_FAILED, ConfigError, UsageError
 from hpcevo.studies.journal import read_events
@@ -79,9 +80,14 @@ def test_runs_batched_in_a_study_are_bitwise_the_runs_alone(ctx, shared_tmp, alo
         rec = hpcevo.open_run(r.out)
         assert rec.summary["state_digest"] == want[r.name]
         assert any((r.out / "coco").rglob("*.tdat")), r.name
-    # study.batch = 1: one run at a time, the same digests
-    one = hpcevo.study(spec(shared_tmp / "one", 1), ctx=ctx, quiet=True)
-    assert one.digests() == want and max(in_flight(shared_tmp / "one").values()) == 1
+
+
+@pytest.mark.ranks(1, 2)  # (the same logic at any count: the test above holds the rank matrix)
+def test_study_batch_1_runs_one_at_a_time_to_the_same_digests(ctx, shared_tmp, alone):
+    study = load_study(spec(shared_tmp / "one", 1))
+    want = alone_digests(study, shared_tmp, alone, ctx)
+    one = hpcevo.study(study, ctx=ctx, quiet=True)
+    assert one.digests() == want and max(in_flight(study.out).values()) == 1
 
 
 def test_a_run_that_fails_in_a_batch_is_recorded_alone_and_its_batch_mates_go_on(ctx, shared_tmp, alone,
@@ -142,11 +148,8 @@ def test_dynamic_hyper_parameters_are_data_to_a_programs_runs(tmp_path):
 def test_a_host_problems_runs_go_one_at_a_time_with_their_failures_recorded_once(ctx, shared_tmp, alone):
     """A NumPy function (evaluated on the host: nothing to batch) that fails for some candidates:
     each run's failures.jsonl lists each failed evaluation once, as the run alone's does."""
-    problem = shared_tmp / "half.py"
-    if ctx.is_root:
-        problem.write_text("def f(x):\n    if x[0] > 0.5:\n        raise ValueError('x0 > 0.5')\n"
-                           "    return float((x * x).sum())\n")
-    ctx.comm_ctl.Barrier()
+    problem = problem_file(ctx, shared_tmp / "half.py", "def f(x):\n    if x[0] > 0.5:\n"
+                           "        raise ValueError('x0 > 0.5')\n    return float((x * x).sum())\n")
     data = {"study": {"out": str(shared_tmp / "s"), "seeds": 3},
             "base": {"run": {"generations": 6}, "algorithm": {"name": "de", "pop_size": 8},
                      "problem": {"name": f"{problem}:f", "host": True, "batched": False, "dim": 3, "lb": -1.0,
