@@ -185,3 +185,18 @@ def test_the_plan_says_how_runs_are_batched_and_survives_a_closed_pipe(tmp_path)
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "Traceback" not in r.stderr and r.stderr == "", r.stderr
         assert "12 program(s)" in r.stdout and said in r.stdout, r.stdout
+
+
+def test_a_batch_holds_what_the_least_free_memory_of_its_ranks_allows(ctx, shared_tmp, monkeypatch):
+    """The batch's size comes from the free memory: each run's state may take a quarter of it. One
+    rank of a group seeing less than the others bounds the whole group's batch (every rank must
+    ask the queue alike, or the group's leader and its other ranks would part ways)."""
+    from hpcevo.driver import run_batch
+
+    low = min(1, ctx.size - 1)  # (a rank other than the group's leader where there is one)
+    monkeypatch.setattr(run_batch, "_nbytes", lambda state: 1000)
+    monkeypatch.setattr(run_batch, "_free_memory", lambda c: 8000 if ctx.rank == low else 10 ** 12)
+    study = load_study(spec(shared_tmp / "s", "auto", ranks_per_run=min(2, ctx.size)))
+    result = hpcevo.study(study, ctx=ctx, quiet=True)
+    assert result.status == "complete" and result.counts["done"] == 8
+    assert max(in_flight(study.out).values()) == 2  # (0.25 x 8,000 / 1,000 bytes; "auto" would be 8)

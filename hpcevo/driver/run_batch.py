@@ -24,7 +24,7 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import CheckpointError, DivergenceError, UsageError
 from ..hooks import Hooks
-from ..parallel import ParallelContext
+from ..parallel import ParallelContext, agree_max
 from ..parallel.watchdog import Watchdog
 from . import build, startup
 from .batch import Batch
@@ -39,6 +39,7 @@ RUN_ERRORS = (UsageError, DivergenceError, CheckpointError)
 
 # The share of the memory left free (the host's, or the accelerator's) a batch's states may take.
 MEMORY_SHARE = 0.25
+UNKNOWN = 1 << 62  # (free memory not known: no bound)
 
 
 @dataclasses.dataclass
@@ -79,6 +80,7 @@ class RunBatch:
         self._dog: Watchdog | None = None
         self._limits: PhaseLimits | None = None  # its dispatches'
         self._batches: dict[int, Batch] = {}  # by family: the loops of one program dispatched together
+        self._free = UNKNOWN  # bytes free for the states (the group's least), once its first run started
 
     def __len__(self) -> int:
         return len(self.members)
@@ -113,6 +115,9 @@ class RunBatch:
             if self.batchable is None:
                 self.batchable = batchable(run.loop)
                 self.state_bytes = _nbytes(run.loop.state) if self.batchable else 0
+                # (the least free memory of the group's ranks: every rank must size it alike)
+                free = _free_memory(self.ctx)
+                self._free = -int(agree_max(self.ctx, [-(UNKNOWN if free is None else free)])[0])
             going = member.drive.boundary()
         except RUN_ERRORS as e:
             return [self._fail(member, e)]
@@ -186,10 +191,9 @@ class RunBatch:
         of it, for the states of the runs)."""
         if not self.batchable:
             return 1
-        free = _free_memory(self.ctx)
-        if free is None or not self.state_bytes:
+        if self._free >= UNKNOWN or not self.state_bytes:
             return wanted
-        return max(1, min(wanted, int(MEMORY_SHARE * free // self.state_bytes)))
+        return max(1, min(wanted, int(MEMORY_SHARE * self._free // self.state_bytes)))
 
     # -- the members -------------------------------------------------------------------------------
     def _dispatch_groups(self, members: list[_Member]) -> list[list[_Member]]:
