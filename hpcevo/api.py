@@ -283,7 +283,7 @@ def study(source: Any, *, ctx: ParallelContext | None = None, resume: bool = Fal
 
     def canonical(given: tuple[Study, StudyOptions]) -> str:
         s, o = given
-        return json.dumps({"name": s.name, "out": str(s.out), "ranks_per_run": s.ranks_per_run,
+        return json.dumps({"name": s.name, "out": str(s.out), "ranks_per_run": s.ranks_per_run, "batch": s.batch,
                            "runs": [(r.name, r.data) for r in s.runs], "resume": o.resume, "overwrite": o.overwrite,
                            "retry_failed": o.retry_failed, "deadline": o.deadline, "part": o.part,
                            "rerun_changed": o.rerun_changed},

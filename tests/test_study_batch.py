@@ -200,3 +200,14 @@ def test_a_batch_holds_what_the_least_free_memory_of_its_ranks_allows(ctx, share
     result = hpcevo.study(study, ctx=ctx, quiet=True)
     assert result.status == "complete" and result.counts["done"] == 8
     assert max(in_flight(study.out).values()) == 2  # (0.25 x 8,000 / 1,000 bytes; "auto" would be 8)
+
+
+@pytest.mark.ranks(2, 3)
+def test_a_study_batched_differently_on_one_rank_is_refused_on_every_rank(ctx, shared_tmp):
+    """Every rank of a group must ask the queue alike: a study.batch that differs between ranks is
+    one message on every rank before anything runs, not a group whose ranks part ways."""
+    data = spec(shared_tmp / "s", 4 if ctx.rank == ctx.size - 1 else "auto")
+    with pytest.raises(UsageError, match="differs between ranks") as e:
+        hpcevo.study(data, ctx=ctx, quiet=True)
+    assert "batch" in str(e.value)
+    assert not (shared_tmp / "s").exists()

@@ -268,7 +268,8 @@ class _Launch:
         self.journal = Journal(path)
         self._write_copy()
         self.journal.write({"event": "study", "time": time.time(), "ranks": self.world.size,
-                            "ranks_per_run": study.ranks_per_run, "runs": len(here), "to_run": len(todo),
+                            "ranks_per_run": study.ranks_per_run, "batch": study.batch, "runs": len(here),
+                            "to_run": len(todo),
                             "resume": o.resume, "part": list(o.part) if o.part else None,
                             "overrides": list(study.overrides)})
         self.todo_count = len(todo)
