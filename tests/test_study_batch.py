@@ -130,8 +130,11 @@ def test_study_batch_is_auto_or_a_positive_count(tmp_path, value, ok):
     if ok:
         assert load_study(data, check=False).batch == value
         return
-    with pytest.raises(ConfigError, match="study.batch"):
+    with pytest.raises(ConfigError, match="study.batch") as e:
         load_study(data, check=False)
+    # (one line: the union's two members merged, what was given at its end)
+    assert str(e.value).count("'study.batch'") == 1 and "input should be 'auto', or " in str(e.value)
+    assert str(e.value).endswith(f"got {value!r}")
 
 
 @pytest.mark.single_process

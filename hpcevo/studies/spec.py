@@ -284,8 +284,8 @@ def _validation_text(e: ValidationError) -> str:
             model = {"study": StudySection, "axis": Axis}.get(str(parts[0]), StudyFile) if len(parts) > 1 else StudyFile
             valid = list(model.model_fields)
             lines.append(f"unknown key '{loc}'{did_you_mean(parts[-1], valid, 0.5)} (valid: {', '.join(valid)})")
-        else:
-            lines.append(f"'{loc}': {err['msg']}")
+    # (the others one line a key: a union's members merged, "input should be 'auto', or ...; got 0")
+    lines += [line for _, line in schema.messages(e.errors(), skip={"extra_forbidden"})]
     return "; ".join(dict.fromkeys(lines))
 
 
