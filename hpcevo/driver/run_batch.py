@@ -231,15 +231,12 @@ class RunBatch:
         return Ended(m.tag, summary, None, time.time() - m.t0)
 
     def _fail(self, m: _Member, error: BaseException) -> Ended:
-        if isinstance(error, CheckpointError) and error.stranded:
-            self._drop(m)
-            raise error  # (the other ranks are stuck inside HDF5: the job must end)
         self._drop(m, error)
         return self._failed(m.tag, error, m.t0)
 
     def _failed(self, tag: Any, error: BaseException, t0: float) -> Ended:
         if isinstance(error, CheckpointError) and error.stranded:
-            raise error
+            raise error  # (the other ranks are stuck inside HDF5: the job must end)
         return Ended(tag, None, error, time.time() - t0)
 
     def _drop(self, m: _Member, error: BaseException | None = None) -> None:

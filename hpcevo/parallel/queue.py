@@ -128,12 +128,14 @@ class _Dispatcher(threading.Thread):
                 self.halted = halt
                 self._emit({"event": "halt", "group": group, "time": time.time(), "reason": halt})
             tasks: list[Any] = []
+            of = kind  # (asked for none: the first as _take chooses, then more of its kind)
             while len(tasks) < want and not self.halted and self.pending:
-                task = self._take(group) if kind is None and not tasks else self._take_kind(
-                    group, kind if kind is not None else self.kinds[tasks[0]][1] if self.kinds else None)
+                task = self._take(group) if of is None and not tasks else self._take_kind(group, of)
                 if task is None:
                     break
                 tasks.append(task)
+                if of is None and self.kinds is not None:
+                    of = self.kinds[task][1]
                 self._emit({"event": "start", "group": group, "time": time.time(), "task": task})
             if not tasks and not busy:
                 done += 1

@@ -187,11 +187,11 @@ def _dynamic(name: Any) -> tuple[str, ...]:
     return tuple(getattr(cls, "dynamic", ()))
 
 
-# study.batch = "auto": the runs of one program a group advances together. On this project's CPU
-# machines a batch spares each run the host's wait after every dispatch (benchmarks/campaign.py
-# --batch measures it); on an accelerator larger batches should pay more (not yet measured: set
-# study.batch). A batch also holds no more runs than MEMORY_SHARE of the free memory takes
-# (driver.run_batch.RunBatch.capacity).
+# study.batch = "auto": the runs of one program a group advances together, one wait for all their
+# dispatches. On a 2-core CPU it measured no faster than one at a time (a small run's time there
+# is its own start and end: docs/studies.md, "Studies batch"); it is meant for accelerators,
+# where each dispatch's wait is a small run's cost (not measured yet: set study.batch). A batch
+# also holds no more runs than MEMORY_SHARE of the free memory takes (RunBatch.capacity).
 AUTO_BATCH = 8
 
 
