@@ -43,6 +43,10 @@ ROWS = [("cmaes", 8, 5), ("cmaes", 12, 20), ("pso", 32, 10), ("pso-per_particle"
         ("openes", 16, 10), ("snes", 16, 10)]
 
 
+# a side's name in the table -> its name on the command line (--sides)
+SIDES = {"one at a time": "one", "hpcevo.Batch": "batch", "hpcevo vmap": "vmap", "evosax vmap": "evosax"}
+
+
 def make(name: str, pop: int, dim: int):
     """hpcevo's algorithm of a row: ``pso-per_particle`` is PSO drawing its coefficients per
     particle, as evosax's PSO does (hpcevo's default draws them per coordinate, as the papers)."""
@@ -165,6 +169,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", default="", help="algorithms, comma-separated")
     ap.add_argument("--out", default="")
+    ap.add_argument("--sides", nargs="+", default=list(SIDES.values()), choices=SIDES.values(),
+                    help="the sides measured (one and batch dispatch every run: slow at K = 1,024 on a GPU)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                     help="where every side runs (gpu: the rank's GPU, evosax on JAX's default device)")
     args = ap.parse_args(argv)
@@ -179,9 +185,14 @@ def main(argv=None) -> int:
     samples: dict[str, dict[str, list[float]]] = {}
     for name, pop, dim in rows:
         key = f"{name} pop {pop} dim {dim}"
-        sides = {**hpcevo_sides(ctx, name, pop, dim, args.runs, args.generations),
-                 **hpcevo_vmap_side(ctx, name, pop, dim, args.runs, args.generations),
-                 **evosax_side(name, pop, dim, args.runs, args.generations)}
+        sides = {}
+        if {"one", "batch"} & set(args.sides):
+            both = hpcevo_sides(ctx, name, pop, dim, args.runs, args.generations)
+            sides |= {k: v for k, v in both.items() if SIDES[k] in args.sides}
+        if "vmap" in args.sides:
+            sides |= hpcevo_vmap_side(ctx, name, pop, dim, args.runs, args.generations)
+        if "evosax" in args.sides:
+            sides |= evosax_side(name, pop, dim, args.runs, args.generations)
         got = samples[key] = {side: [] for side in sides}
         for r in range(args.repeats):
             order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
@@ -197,10 +208,15 @@ def main(argv=None) -> int:
           f"{args.repeats}; one XLA thread)\n{head}\n" + "-" * len(head))
     for key, got in samples.items():
         med = {s: statistics.median(v) for s, v in got.items()}
-        one, batch, vm, ev = med["one at a time"], med["hpcevo.Batch"], med["hpcevo vmap"], med.get("evosax vmap")
-        ev_text, ratio, vm_ratio = (f"{ev:,.0f}", f"{ev / batch:.2f}x", f"{ev / vm:.2f}x") if ev else ("-", "-", "-")
-        print(f"{key:32s} {one:14,.0f} {batch:13,.0f} {vm:12,.0f} {ev_text:>12s} {batch / one:9.1f}x {ratio:>13s} "
-              f"{vm_ratio:>12s}")
+        one, batch, vm, ev = (med.get(s) for s in ("one at a time", "hpcevo.Batch", "hpcevo vmap", "evosax vmap"))
+
+        def num(v):
+            return f"{v:,.0f}" if v else "-"
+
+        def ratio(a, b):
+            return f"{a / b:.2f}x" if a and b else "-"
+        print(f"{key:32s} {num(one):>14s} {num(batch):>13s} {num(vm):>12s} {num(ev):>12s} {ratio(batch, one):>10s} "
+              f"{ratio(ev, batch):>13s} {ratio(ev, vm):>12s}")
     out = Path(args.out or HERE / "results" / f"batch-{datetime.now():%Y%m%d-%H%M}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"runs": args.runs, "generations": args.generations, "repeats": args.repeats,

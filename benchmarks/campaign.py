@@ -176,6 +176,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=None, help="seconds for each hpcevo launch (the runs done count)")
     ap.add_argument("--sides", nargs="+", choices=("pycma", "hpcevo"), default=["pycma", "hpcevo"],
                     help="hpcevo alone where pycma and cocoex are not installed (a GPU node)")
+    ap.add_argument("--ways", nargs="+", choices=("jax-cache", "store"), default=["jax-cache", "store"],
+                    help="the launch ways measured (a device lease may afford only the default, store)")
     ap.add_argument("--batch", nargs="+", default=["1"],
                     help="study.batch values measured beside the default (\"auto\"), launched again over the "
                          "default's cache (\"1\": one run at a time, what studies did before batching)")
@@ -192,17 +194,18 @@ def main() -> None:
         if "hpcevo" in args.sides:
             # Each way over its own cache: a first launch that keeps programs compiles them by
             # XLA for the store, and leaves JAX's cache without them.
-            for store, label in ((False, "JAX's compilation cache only (HPCEVO_PROGRAM_CACHE=0)"),
-                                 (True, "programs kept on disk too (the default)")):
+            ways = [(False, "JAX's compilation cache only (HPCEVO_PROGRAM_CACHE=0)"),
+                    (True, "programs kept on disk too (the default)")]
+            for store, label in (w for w in ways if ("store" if w[0] else "jax-cache") in args.ways):
                 cache = work / f"jax-cache-{int(store)}"
                 cache.mkdir(mode=0o700)
                 # (--overwrite from the second way on: the study folder holds the first way's runs)
-                again = store
+                again = (work / "study").exists()
                 cold = rows[f"hpcevo study, first launch, {label}"] = hpcevo_study(args, work, cache, again, store)
                 print(f"hpcevo, first launch, {label}: {cold['wall_s']:.1f} s", flush=True)
                 warm = rows[f"hpcevo study, launched again, {label}"] = hpcevo_study(args, work, cache, True, store)
                 print(f"hpcevo, launched again, {label}: {warm['wall_s']:.1f} s", flush=True)
-            for batch in (b for b in args.batch if b != "auto"):
+            for batch in (b for b in args.batch if b != "auto" and "store" in args.ways):
                 label = f"hpcevo study, launched again, programs kept on disk, study.batch = {batch}"
                 row = rows[label] = hpcevo_study(args, work, work / "jax-cache-1", True, True, batch)
                 print(f"{label}: {row['wall_s']:.1f} s", flush=True)
