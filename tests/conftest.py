@@ -252,37 +252,3 @@ def _alone():
     return alone()
 
 
-# -- compiling once where ranks hold the same program --------------------------------------------
-def _stagger_compilation() -> None:
-    """At 3 or more ranks on this 2-core machine, every rank compiling the same programs at once
-    is most of a pass. Ranks 1..N-1 hold bitwise the same programs (MPICH numbers the
-    communicators mpi4jax compiles in alike on every rank but a node's first), so ranks 2.. wait
-    until rank 1 has compiled and take its programs from the persistent compilation cache: what
-    any later launch does. Only ``Loop._compile_programs`` (the compilation itself, inside
-    ``Loop.compile``'s agreement on its outcome) is staggered: it does no communication. Where
-    the programs differ after all, the later ranks just compile later."""
-    from mpi4py import MPI
-
-    from hpcevo.driver.loop import Loop
-
-    comm = CTX.comm_ctl
-    followers = comm.Split(0 if comm.rank >= 1 else MPI.UNDEFINED, comm.rank)
-    plain = Loop._compile_programs
-
-    def compile_after_rank_1(self, *args, **kwargs):
-        if self.ctx is not CTX:  # a one-rank context, or another job's
-            return plain(self, *args, **kwargs)
-        if comm.rank >= 2:
-            _idle_until_all_arrive(followers)
-            return plain(self, *args, **kwargs)
-        try:
-            return plain(self, *args, **kwargs)
-        finally:  # (an error must not leave the others waiting here: Loop.compile agrees on it)
-            if comm.rank == 1:
-                _idle_until_all_arrive(followers)
-
-    Loop._compile_programs = compile_after_rank_1
-
-
-if CTX.size >= 3 and os.environ.get("HPCEVO_TEST_STAGGER", "1") != "0":
-    _stagger_compilation()

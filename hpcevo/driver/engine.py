@@ -36,6 +36,7 @@ from jax import lax
 from ..algorithms.base import Algorithm, with_params
 from ..errors import UsageError
 from ..parallel import ParallelContext, ShardedESStep, ShardedEvaluator, check_replicas
+from ..parallel.compiling import compile_on_node
 from .recording import SingleObjective
 
 # A dynamic hyper-parameter's value by name, as data (``algorithms.base.params_data``); None: the
@@ -584,15 +585,23 @@ class DeviceEngine:
         if self.disk is not None:
             self._compile_on_disk(key, seed, first, params, sig)
             return
-        if first and ("first", sig) not in self._compiled_for:
-            self._first.lower(key, self.generation.shards, params).compile()
-            self._compiled_for.add(("first", sig))
-        if ("chunk", sig) not in self._compiled_for:
-            shapes = self.template(seed, params)
-            self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params,
-                              Limits().data(self.algorithm.dtype)).compile()
-            self._fingerprint.lower(shapes).compile()
-            self._compiled_for.add(("chunk", sig))
+        done = [k for k, wanted in ((("first", sig), first), (("chunk", sig), True))
+                if wanted and k not in self._compiled_for]
+
+        def lower() -> list:
+            lowered = []
+            if ("first", sig) in done:
+                lowered.append(self._first.lower(key, self.generation.shards, params))
+            if ("chunk", sig) in done:
+                shapes = self.template(seed, params)
+                lowered.append(self._chunk.lower(shapes, jnp.asarray(1, jnp.int32), self.generation.shards, params,
+                                                 Limits().data(self.algorithm.dtype)))
+                lowered.append(self._fingerprint.lower(shapes))
+            return lowered
+        # (Also with nothing left to compile: the engine is shared by a process's loops, so what
+        # it holds may differ between ranks, while every rank must take part in the turns.)
+        compile_on_node(self.ctx, lower)
+        self._compiled_for.update(done)
 
     def programs_compiled(self) -> int:
         """How many executables this engine holds for its generations (traced here, or loaded

@@ -35,6 +35,7 @@ from ..algorithms.base import Algorithm, with_params
 from ..errors import UsageError, UserCodeExit, user_location
 from ..parallel import (ParallelContext, TaskRunner, allgather_obj, allgather_rows, gather_to_root, microbatch_rows,
                         user_code)
+from ..parallel.compiling import compile_on_node
 from ..problems.base import HostProblem
 from .engine import MAX_CHUNK, Limits, Params, fingerprint, idle_ranks, rows_used
 from .recording import LoopState, SingleObjective
@@ -266,16 +267,21 @@ class HostEngine:
 
     def compile(self, seed: int, first: bool = True, params: Params = None) -> None:
         key = jax.random.PRNGKey(seed)
-        if first:
-            candidates, algo, _ = jax.eval_shape(self._first_ask_fn, key, params)
-            self._ask_first.lower(key, params).compile()
-            self._tell_first.lower(candidates, algo, _fitness_like(candidates), params).compile()
-        shapes = self.template(seed, params)
-        loop = _loop(shapes)
-        candidates, algo, _ = jax.eval_shape(self._ask_fn, loop, params)
-        self._ask.lower(loop, params).compile()
-        self._tell.lower(loop, candidates, algo, _fitness_like(candidates), params).compile()
-        self._fingerprint.lower(shapes).compile()
+
+        def lower() -> list:
+            lowered = []
+            if first:
+                candidates, algo, _ = jax.eval_shape(self._first_ask_fn, key, params)
+                lowered.append(self._ask_first.lower(key, params))
+                lowered.append(self._tell_first.lower(candidates, algo, _fitness_like(candidates), params))
+            shapes = self.template(seed, params)
+            loop = _loop(shapes)
+            candidates, algo, _ = jax.eval_shape(self._ask_fn, loop, params)
+            lowered.append(self._ask.lower(loop, params))
+            lowered.append(self._tell.lower(loop, candidates, algo, _fitness_like(candidates), params))
+            lowered.append(self._fingerprint.lower(shapes))
+            return lowered
+        compile_on_node(self.ctx, lower)
 
     def fingerprint(self, state: HostLoopState) -> np.ndarray:
         return np.asarray(self._fingerprint(state))

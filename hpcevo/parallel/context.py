@@ -46,6 +46,9 @@ class ParallelContext:
     # Set where ranks were found in different collective calls: its communicators' call sequence
     # is broken, so the end of the program does not agree on it (``_end_together``).
     broken: bool = False
+    # This context's ranks on this rank's node (the ranks that share its CPUs and disk), for
+    # turns between them (compiling.py); None where it is not kept (a context made by hand).
+    node_comm: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def is_root(self) -> bool:
@@ -189,7 +192,6 @@ def context_for(comm: Any) -> ParallelContext:
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     probes = tuple(shared.allgather(probe()))
     index = shared.rank
-    shared.Free()
     local_rank, source = resolve_local_rank(probes, index)
     host = MPI.Get_processor_name()
     ctx = ParallelContext(
@@ -199,17 +201,35 @@ def context_for(comm: Any) -> ParallelContext:
         local_size=len(probes),
         host=host,
         local_rank_source=source,
-        comm_jax=comm.Clone(),
+        comm_jax=_jax_comm(comm),
         comm_ctl=comm.Clone(),
         node_probes=probes,
         node_index=index,
         rank_hosts=tuple(comm.allgather(host)),
+        node_comm=shared,
     )
     if _CONTEXT is not None:  # binding is per process: a later context inherits it
         ctx.device_kind, ctx.device, ctx.binding = _CONTEXT.device_kind, _CONTEXT.device, _CONTEXT.binding
     if len(ctx.hosts) > 1:
         connect_every_pair(ctx.comm_ctl)
     return ctx
+
+
+def _jax_comm(comm: Any) -> Any:
+    """The communicator of the collectives inside compiled programs: COMM_WORLD or COMM_SELF
+    themselves, any other a clone of its own. mpi4jax writes the communicator's handle into the
+    program, and a predefined communicator's handle is one number in every process (MPICH and
+    its kin: 0x44000000 for COMM_WORLD), while a clone's is whatever each process allocated next
+    (rank 0 allocates more than the others: its node-roots communicators). Over a clone every rank
+    compiled a program of its own; over COMM_WORLD the ranks of a node compile one program, which
+    one of them compiles and the others load from the compilation cache (compiling.py). Nothing
+    else of hpcevo's talks over COMM_WORLD (its control traffic has its own clone), so the
+    programs' collectives keep a channel to themselves as before."""
+    from mpi4py import MPI
+
+    if comm == MPI.COMM_WORLD or comm == MPI.COMM_SELF:
+        return comm
+    return comm.Clone()
 
 
 _ALONE: list[ParallelContext] = []
