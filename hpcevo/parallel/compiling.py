@@ -5,15 +5,15 @@ data, not a constant, and the collectives run over a communicator whose handle i
 every process: ``context._jax_comm``), so the ranks of one node would otherwise run the same XLA
 compilation side by side, N times the CPU of one. With the persistent compilation cache on,
 ``compile_on_node`` lets the node's first rank compile while the others wait (asleep between
-polls, not spinning in MPI), then the others compile, which finds the first's programs in the cache and
-loads them. Tracing and lowering stay on every rank at once (they are the rank's own Python
-work, and lowering is what the cache's key is made from).
+polls, not spinning in MPI), then the others compile, which finds the first's programs in the
+cache and loads them. Tracing and lowering stay on every rank at once (they are the rank's own
+Python work, and lowering is what the cache's key is made from).
 
 Where it applies: CPU ranks, more than one on the node, a context over COMM_WORLD (a study's
 groups and islands run over communicators of their own, whose handles differ between ranks), a
-compilation cache in use, and ``HPCEVO_NODE_COMPILE`` not ``every``. GPU ranks compile as before, each for itself: the one
-lent machine of this project had one GPU, and whether ranks bound to other GPUs of a node get the
-same cache entries has not been measured.
+compilation cache in use, and ``HPCEVO_NODE_COMPILE`` not ``every``. GPU ranks compile as before,
+each for itself: the one lent machine of this project had one GPU, and whether ranks bound to
+other GPUs of a node get the same cache entries has not been measured.
 """
 
 from __future__ import annotations
