@@ -169,3 +169,18 @@ def test_groups_and_islands_compile_each_for_itself(ctx, monkeypatch):
     sub = ctx.split(0)
     everyone = ctx.comm_ctl.allgather((shared_compilation(sub), shared_compilation(ctx)))
     assert everyone == [(False, ctx.size > 1)] * ctx.size, everyone
+
+
+def test_programs_of_differing_handles_are_not_shared(ctx):
+    """Where the ranks' programs would hold different communicator handles (Open MPI's are
+    addresses), the others would find nothing to load: no turns."""
+    from mpi4py import MPI
+
+    from hpcevo.parallel.compiling import _agree
+
+    if ctx.node_comm.size == 1:
+        return
+    odd = MPI.COMM_SELF if ctx.node_comm.rank == ctx.node_comm.size - 1 else MPI.COMM_WORLD
+    everyone = ctx.comm_ctl.allgather((_agree(ctx.node_comm, True, MPI.COMM_WORLD),
+                                       _agree(ctx.node_comm, True, odd), _agree(ctx.node_comm, False, MPI.COMM_WORLD)))
+    assert everyone == [(True, False, False)] * ctx.size, everyone

@@ -57,7 +57,8 @@ def compile_on_node(ctx: ParallelContext, lower: Callable[[], Sequence[Any]]) ->
     except BaseException as e:  # (raised below, after this rank's part in the collectives)
         error = e
     node = ctx.node_comm
-    turns = node is not None and node.size > 1 and _agree(node, error is None and shared_compilation(ctx))
+    turns = node is not None and node.size > 1 and _agree(node, error is None and shared_compilation(ctx),
+                                                           ctx.comm_jax)
     if error is not None:
         raise error
     if not turns:
@@ -77,12 +78,16 @@ def _compile(programs: Sequence[Any]) -> None:
         program.compile()
 
 
-def _agree(node: Any, mine: bool) -> bool:
+def _agree(node: Any, mine: bool, comm_jax: Any) -> bool:
     """Whether every rank of the node takes turns (a rank deciding otherwise, say by its
-    environment, would leave the others waiting for a turn it never takes)."""
+    environment, would leave the others waiting for a turn it never takes) and its programs hold
+    the same communicator handle (MPICH's predefined handles are one number everywhere; Open
+    MPI's are addresses, which may differ between processes: then the others would find nothing
+    to load and compile after the first, one after the other)."""
     import numpy as np
     from mpi4py import MPI
 
-    answer = np.zeros(1, np.int32)
-    wait(node.Iallreduce(np.array([int(mine)], np.int32), answer, op=MPI.MIN))
-    return bool(answer[0])
+    handle = MPI._handleof(comm_jax) & ((1 << 62) - 1)
+    answer = np.zeros(3, np.int64)
+    wait(node.Iallreduce(np.array([int(mine), handle, -handle], np.int64), answer, op=MPI.MIN))
+    return bool(answer[0]) and int(answer[1]) == -int(answer[2])

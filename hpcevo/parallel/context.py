@@ -222,9 +222,10 @@ def _jax_comm(comm: Any) -> Any:
     its kin: 0x44000000 for COMM_WORLD), while a clone's is whatever each process allocated next
     (rank 0 allocates more than the others: its node-roots communicators). Over a clone every rank
     compiled a program of its own; over COMM_WORLD the ranks of a node compile one program, which
-    one of them compiles and the others load from the compilation cache (compiling.py). Nothing
-    else of hpcevo's talks over COMM_WORLD (its control traffic has its own clone), so the
-    programs' collectives keep a channel to themselves as before."""
+    one of them compiles and the others load from the compilation cache (compiling.py). hpcevo's
+    own control traffic keeps its clone (``comm_ctl``); a script's own collectives over
+    COMM_WORLD, if any, are matched with the programs' in call order, as MPI matches any
+    collectives of one communicator (every rank makes the same calls in the same order)."""
     from mpi4py import MPI
 
     if comm == MPI.COMM_WORLD or comm == MPI.COMM_SELF:
